@@ -1,0 +1,155 @@
+"""Start and stop a real ``vllm serve`` process for tests, the demo and benchmarks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+# Settings that make vLLM fit the 2-core CPU machines the project runs on.
+CPU_SERVE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_TARGET_DEVICE": "cpu",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+CPU_SERVE_ARGS = ("--max-model-len", "512", "--enforce-eager")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def vllm_executable() -> str:
+    return str(Path(sys.executable).with_name("vllm"))
+
+
+class ServerFailed(RuntimeError):
+    """``vllm serve`` exited or never became healthy; the message ends with its log."""
+
+
+class VllmServer:
+    """``vllm serve MODEL`` on a free loopback port, in its own process group.
+
+    Use as a context manager; the whole process group is stopped on exit.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str],
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+        startup_timeout: float = 300.0,
+    ) -> None:
+        self.model = str(model)
+        self.port = free_port()
+        self.args = [*CPU_SERVE_ARGS, *args]
+        self.env = {**os.environ, **CPU_SERVE_ENV, **(env or {})}
+        self.log_path = Path(log_path) if log_path else Path(f"vllm-serve-{self.port}.log")
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def command(self) -> list[str]:
+        return [
+            vllm_executable(),
+            "serve",
+            self.model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def start(self) -> VllmServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log_file:
+            self.process = subprocess.Popen(
+                self.command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
+        self._wait_healthy()
+        return self
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerFailed(
+                    f"vllm serve exited with {self.process.returncode}; log:\n{self.log()[-6000:]}"
+                )
+            try:
+                with urllib.request.urlopen(f"{self.base_url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise ServerFailed(
+            f"vllm serve not healthy after {self.startup_timeout:.0f}s; log:\n{self.log()[-6000:]}"
+        )
+
+    def stop(self, grace: float = 20.0) -> int | None:
+        """SIGTERM the server's process group, then SIGKILL what is left."""
+        if self.process is None:
+            return None
+        pgid = self.process.pid
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=grace)
+        # Workers of the group may outlive the API server.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        self.process.wait()
+        return self.process.returncode
+
+    def __enter__(self) -> VllmServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def run_vllm_serve_expecting_failure(
+    model: str | os.PathLike[str],
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    timeout: float = 300.0,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``vllm serve`` that is expected to exit by itself; return its output."""
+    server = VllmServer(model, args, env)
+    return subprocess.run(
+        server.command,
+        env=server.env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        start_new_session=True,
+    )
