@@ -40,7 +40,9 @@ def _log(level: int, message: str, *args: object) -> None:
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(
         logging.Formatter(
-            "%(levelname)s %(asctime)s [spark2_5_plugin] %(message)s", "%m-%d %H:%M:%S"
+            "(%(processName)s pid=%(process)d) %(levelname)s %(asctime)s "
+            "[spark2_5_plugin] %(message)s",
+            "%m-%d %H:%M:%S",
         )
     )
     previous_level = logger.level
