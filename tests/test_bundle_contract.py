@@ -34,10 +34,6 @@ from vllm_spark2_5_plugin import _gate, bundle
 from vllm_spark2_5_plugin.bundle import BundleError
 from vllm_spark2_5_plugin.testing.server import CPU_SERVE_ENV, VllmServer
 
-BLOCKED = (
-    f"cannot enable {_gate.BUNDLE_ID!r}: extension is descriptor-only and cannot be enabled "
-    "(implementation status: import_only)"
-)
 LOAD_LINE = "vllm-spark2_5-plugin loaded ("
 REAL_MANAGER_MISSING = (
     "vllm_hust_ext is not importable here (not on PyPI; install it from its git repository "
@@ -150,7 +146,7 @@ REAL_DISCOVERY_PROBE = """
 
 
 @pytest.mark.parametrize("manager", ["contract", "vllm_hust_ext"])
-def test_discovery_from_the_installed_wheel_imports_nothing(installed_wheel, manager):
+def test_discovery_from_the_installed_wheel_imports_nothing(installed_wheel, spark_bundle, manager):
     if manager == "vllm_hust_ext" and importlib.util.find_spec("vllm_hust_ext") is None:
         pytest.skip(REAL_MANAGER_MISSING)
     probe = DISCOVERY_PROBE if manager == "contract" else REAL_DISCOVERY_PROBE
@@ -165,7 +161,7 @@ def test_discovery_from_the_installed_wheel_imports_nothing(installed_wheel, man
     assert found["imported"] == []
     if manager == "contract":
         assert found["distribution_version"] == pyproject()["version"]
-        assert found["blocker"] == BLOCKED.split(": ", 1)[1]
+        assert found["blocker"] == bundle.activation_blocker(spark_bundle.manifest)
 
 
 # --- enable state file ------------------------------------------------------------------
@@ -182,11 +178,27 @@ def manager_cli(manager: str) -> list[str]:
 
 
 @pytest.mark.parametrize("manager", ["contract", "vllm_hust_ext"])
-def test_enable_is_refused_while_the_carrier_is_import_only(manager, state_file):
+def test_enable_follows_the_installed_carrier_status(manager, spark_bundle, state_file):
     result = run([*manager_cli(manager), "enable", _gate.BUNDLE_ID], env=dict(os.environ))
+    blocker = bundle.activation_blocker(spark_bundle.manifest)
+    if blocker is None:
+        assert result.returncode == 0, result.stderr
+        assert bundle.enabled_ids(bundle.read_state(state_file)) == [_gate.BUNDLE_ID]
+        return
     assert result.returncode == 2
-    assert result.stderr.strip().endswith(BLOCKED), result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    (line,) = result.stderr.splitlines()
+    assert line.endswith(f"cannot enable {_gate.BUNDLE_ID!r}: {blocker}")
+    assert not state_file.exists()
+
+
+@pytest.mark.parametrize("status", ["import_only", "legacy_unregistered"])
+def test_enable_is_refused_for_a_descriptor_only_bundle(spark_bundle, state_file, status):
+    with pytest.raises(BundleError) as error:
+        bundle.set_enabled(state_file, with_status(spark_bundle, status), True)
+    assert str(error.value) == (
+        f"cannot enable {_gate.BUNDLE_ID!r}: extension is descriptor-only and cannot be "
+        f"enabled (implementation status: {status})"
+    )
     assert not state_file.exists()
 
 
@@ -252,6 +264,24 @@ def test_enable_injects_the_gate_the_bundle_list_and_extends_vllm_plugins(
     assert injected == {}
 
 
+def test_the_real_manager_injects_the_same_environment(spark_bundle, state_file):
+    cli = manager_cli("vllm_hust_ext")
+    blocker = bundle.activation_blocker(spark_bundle.manifest)
+    if blocker:
+        pytest.skip(f"the real manager refuses to enable {_gate.BUNDLE_ID}: {blocker}")
+    env = clean_env(VLLM_PLUGINS="lora_filesystem_resolver")
+    enabled = run([*cli, "enable", _gate.BUNDLE_ID], env=env)
+    assert enabled.returncode == 0, enabled.stderr
+    dry_run = run([cli[0], "run", "--dry-run", "--", "true"], env=env)
+    assert dry_run.returncode == 0, dry_run.stderr
+    injected = json.loads(dry_run.stdout)["environment"]
+    assert injected[_gate.ENABLE_ENV] == "1"
+    assert injected[_gate.ENABLED_BUNDLES_ENVS[0]] == _gate.BUNDLE_ID
+    plugins = injected[bundle.PLUGINS_ENV].split(",")
+    assert plugins[0] == "lora_filesystem_resolver"
+    assert "spark2_5" in plugins
+
+
 def test_bundles_that_disagree_on_a_variable_cannot_be_enabled_together(spark_bundle):
     first = with_status(spark_bundle, "active")
     second = dataclasses.replace(
@@ -268,15 +298,27 @@ def test_bundles_that_disagree_on_a_variable_cannot_be_enabled_together(spark_bu
     )
 
 
-def test_launch_is_refused_while_the_carrier_is_import_only(state_file):
-    cli = manager_cli("contract")
-    result = run([*cli, "env", _gate.BUNDLE_ID], env=dict(os.environ))
-    assert result.returncode == 2
-    assert result.stderr == (
-        f"spark2-5-bundle: error: refusing to launch {_gate.BUNDLE_ID!r}: "
-        "extension is descriptor-only and cannot be enabled (implementation status: import_only)\n"
+def test_launch_is_refused_for_a_descriptor_only_bundle(spark_bundle):
+    with pytest.raises(BundleError) as error:
+        bundle.activation_environment([with_status(spark_bundle, "import_only")], clean_env())
+    assert str(error.value) == (
+        f"refusing to launch {_gate.BUNDLE_ID!r}: extension is descriptor-only and cannot be "
+        "enabled (implementation status: import_only)"
     )
+
+
+def test_env_command_follows_the_installed_carrier_status(spark_bundle, state_file):
+    result = run([*manager_cli("contract"), "env", _gate.BUNDLE_ID], env=dict(os.environ))
+    blocker = bundle.activation_blocker(spark_bundle.manifest)
+    if blocker is None:
+        assert result.returncode == 0, result.stderr
+        assert f"export {_gate.ENABLE_ENV}=1\n" in result.stdout
+        return
+    assert result.returncode == 2
     assert result.stdout == ""
+    assert result.stderr == (
+        f"spark2-5-bundle: error: refusing to launch {_gate.BUNDLE_ID!r}: {blocker}\n"
+    )
 
 
 HOST_VERSIONS = {
