@@ -537,6 +537,13 @@ def test_check_dist_rejects_a_folder_with_extra_files(built, tmp_path, capsys):
     assert code == 1 and "must hold exactly one .tar.gz and one .whl" in output
 
 
+def test_check_dist_names_an_unreadable_archive(built, tmp_path, capsys):
+    faulty = _faulty(tmp_path, built)
+    next(faulty.glob("*.whl")).write_bytes(b"not a zip file")
+    code, output = _check(capsys, str(faulty))
+    assert code == 1 and "unreadable archive" in output and "File is not a zip file" in output
+
+
 def test_install_check_catches_a_heavy_import_with_the_gate_off(built, tmp_path, capsys):
     """A planted top-level module stands in for a heavy dependency the entry point imports."""
     with zipfile.ZipFile(_files(built)[1]) as zf:
