@@ -7,7 +7,10 @@ version strings, so vLLM forks and CPU builds with other version schemes work.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 
@@ -65,6 +68,141 @@ def register_config(model_type: str, config_cls: type) -> None:
 
     host_config_registry()[model_type] = config_cls
     AutoConfig.register(model_type, config_cls, exist_ok=True)
+
+
+def _model_utils() -> Any:
+    """``vllm.model_executor.models.utils``, looked up per call so tests can stand in
+    the shapes of older releases."""
+    return importlib.import_module("vllm.model_executor.models.utils")
+
+
+def _rotary_embedding_module() -> Any:
+    return importlib.import_module("vllm.model_executor.layers.rotary_embedding")
+
+
+# --- model layers -------------------------------------------------------------
+
+
+def attention_cls() -> type:
+    """vLLM's decoder ``Attention`` layer.
+
+    It lived in ``vllm.attention`` until it moved to
+    ``vllm.model_executor.layers.attention``.
+    """
+    errors = []
+    for name in ("vllm.model_executor.layers.attention", "vllm.attention"):
+        try:
+            module = importlib.import_module(name)
+        except ImportError as exc:
+            errors.append(f"{name}: {exc}")
+            continue
+        if hasattr(module, "Attention"):
+            return module.Attention
+        errors.append(f"{name}: no Attention")
+    raise ImportError("vLLM's Attention layer cannot be found: " + "; ".join(errors))
+
+
+def get_rope(
+    head_size: int, max_position: int, rope_theta: float, partial_rotary_factor: float
+) -> Any:
+    """vLLM's cached neox-style RoPE over the first ``int(head_size * partial_rotary_factor)``
+    dims of each head; the cos/sin cache has ``max_position`` rows.
+
+    Releases since late 2025 take ``rope_parameters`` (one dict with theta and the
+    rotary fraction); older ones take ``rotary_dim`` and ``base`` arguments.
+    """
+    get_rope_fn = _rotary_embedding_module().get_rope
+    if "rope_parameters" in inspect.signature(get_rope_fn).parameters:
+        return get_rope_fn(
+            head_size,
+            max_position=max_position,
+            is_neox_style=True,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": rope_theta,
+                "partial_rotary_factor": partial_rotary_factor,
+            },
+        )
+    return get_rope_fn(
+        head_size,
+        rotary_dim=int(head_size * partial_rotary_factor),
+        max_position=max_position,
+        base=rope_theta,
+        is_neox_style=True,
+    )
+
+
+# --- checkpoint loading ---------------------------------------------------------
+
+
+def weights_mapper_stacks(mapper_cls: type | None = None) -> bool:
+    """Whether ``WeightsMapper`` can route a checkpoint name into one shard of a packed
+    parameter (``orig_to_new_stacked``, added after vLLM 0.23)."""
+    mapper_cls = mapper_cls or _model_utils().WeightsMapper
+    return "orig_to_new_stacked" in {field.name for field in dataclasses.fields(mapper_cls)}
+
+
+def stacked_weights_mapper(stacked: Mapping[str, tuple[str, str | int]]) -> Any:
+    """A ``WeightsMapper`` for ``stacked`` (``{".gate_proj.": (".gate_up_proj.", 0)}``).
+
+    On releases without ``orig_to_new_stacked`` it is an empty mapper, and
+    :func:`load_weights` loads the stacked names shard by shard itself.
+    """
+    mapper_cls = _model_utils().WeightsMapper
+    if weights_mapper_stacks(mapper_cls):
+        return mapper_cls(orig_to_new_stacked=dict(stacked))
+    return mapper_cls()
+
+
+def load_weights(
+    module: Any,
+    weights: Iterable[tuple[str, Any]],
+    *,
+    stacked: Mapping[str, tuple[str, str | int]],
+    skip_prefixes: Sequence[str] = (),
+) -> set[str]:
+    """Load checkpoint-named ``weights`` into ``module`` through vLLM's ``AutoWeightsLoader``.
+
+    Hides two API changes:
+
+    * packed parameters: where ``WeightsMapper`` has ``orig_to_new_stacked`` the
+      mapper tags each stacked tensor with its shard id and the packed layer reads
+      it; vLLM 0.23 has neither, so there each stacked tensor goes to
+      ``param.weight_loader(param, tensor, shard_id)`` here, that release's idiom.
+      Tensors that are not stacked (a fused ``q_k_v_proj``) load with no shard id
+      on both.
+    * skipping: ``AutoWeightsLoader(skip_prefixes=...)`` was removed in vLLM 0.29;
+      names under ``skip_prefixes`` are dropped before the loader sees them, which
+      works with and without that argument.
+
+    Returns the names of the parameters that were loaded.
+    """
+    utils = _model_utils()
+    skip = tuple(skip_prefixes)
+    kept = ((name, tensor) for name, tensor in weights if not (skip and name.startswith(skip)))
+    loader = utils.AutoWeightsLoader(module)
+    mapper = stacked_weights_mapper(stacked)
+    if weights_mapper_stacks(type(mapper)):
+        return loader.load_weights(kept, mapper=mapper)
+
+    params = dict(module.named_parameters())
+    stacked_loaded: set[str] = set()
+
+    def load_stacked_yield_rest() -> Iterable[tuple[str, Any]]:
+        for name, tensor in kept:
+            for part, (packed_part, shard_id) in stacked.items():
+                if part in name:
+                    target = name.replace(part, packed_part, 1)
+                    if not utils.is_pp_missing_parameter(target, module):
+                        param = params[target]
+                        param.weight_loader(param, tensor, shard_id)
+                        stacked_loaded.add(target)
+                    break
+            else:
+                yield name, tensor
+
+    rest_loaded = loader.load_weights(load_stacked_yield_rest(), mapper=mapper)
+    return stacked_loaded | set(rest_loaded)
 
 
 def tool_parser_base() -> type:
