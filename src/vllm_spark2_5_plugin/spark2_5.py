@@ -1,8 +1,429 @@
-"""Placeholder: Spark2_5ForCausalLM lands with the model issue."""
+# SPDX-License-Identifier: Apache-2.0
+"""Inference-only Spark2_5 model (``Spark2_5ForCausalLM``) for vLLM.
 
+A pre-norm decoder with hybrid attention: each layer is sliding-window or full
+attention (``config.layer_types``) with its own partial neox RoPE, and each
+attention head's output is scaled by a learned gate ``act(g_proj(x))`` before
+the output projection. The MLP is ``down(gelu(gate(x)) * up(x))`` with exact
+GELU. Parameter names follow the checkpoint (``model.embedding``,
+``self_attn.q_k_v_proj``, ``self_attn.g_proj``, ``self_attn.out_proj``); the
+checkpoint's separate ``gate_proj``/``up_proj`` (and re-exported separate
+``q_proj``/``k_proj``/``v_proj``) load into shards of the packed projections.
+"""
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
 from torch import nn
+from vllm.compilation.decorators import support_torch_compile
+from vllm.config import CacheConfig, VllmConfig
+from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
+from vllm.model_executor.layers.activation import GeluAndMul
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import (
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.quantization import QuantizationConfig
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+)
+from vllm.model_executor.models.interfaces import SupportsPP
+from vllm.model_executor.models.utils import (
+    PPMissingLayer,
+    extract_layer_index,
+    is_pp_missing_parameter,
+    make_empty_intermediate_tensors_factory,
+    make_layers,
+    maybe_prefix,
+)
+from vllm.sequence import IntermediateTensors
+
+from vllm_spark2_5_plugin import compat
+from vllm_spark2_5_plugin.spark2_5_config import SLIDING_ATTENTION, Spark2_5Config
+
+Attention = compat.attention_cls()
+
+# Checkpoint name part -> (packed parameter name part, shard id). Dotted on both
+# sides so ".up_proj." never matches inside ".gate_up_proj.".
+STACKED_PARAMS = {
+    ".q_proj.": (".q_k_v_proj.", "q"),
+    ".k_proj.": (".q_k_v_proj.", "k"),
+    ".v_proj.": (".q_k_v_proj.", "v"),
+    ".gate_proj.": (".gate_up_proj.", 0),
+    ".up_proj.": (".gate_up_proj.", 1),
+}
+_GATE_ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": F.silu}
 
 
-class Spark2_5ForCausalLM(nn.Module):
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError("Spark2_5ForCausalLM is not implemented yet in this build")
+class Spark2_5MLP(nn.Module):
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size,
+            [intermediate_size] * 2,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.gate_up_proj",
+        )
+        self.down_proj = RowParallelLinear(
+            intermediate_size,
+            hidden_size,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.down_proj",
+        )
+        # The reference raises unless hidden_act == "gelu": erf GELU, not tanh.
+        self.act_fn = GeluAndMul(approximate="none")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate_up, _ = self.gate_up_proj(x)
+        x, _ = self.down_proj(self.act_fn(gate_up))
+        return x
+
+
+class Spark2_5Attention(nn.Module):
+    def __init__(
+        self,
+        config: Spark2_5Config,
+        layer_type: str,
+        max_position: int,
+        cache_config: CacheConfig | None = None,
+        quant_config: QuantizationConfig | None = None,
+        prefix: str = "",
+    ) -> None:
+        super().__init__()
+        tp_size = get_tensor_model_parallel_world_size()
+        self.total_num_heads = config.num_attention_heads
+        self.total_num_kv_heads = config.num_key_value_heads
+        if self.total_num_heads % tp_size:
+            raise ValueError(
+                f"num_attention_heads={self.total_num_heads} cannot be split across "
+                f"tensor_parallel_size={tp_size}; use a tensor parallel size that divides it"
+            )
+        # KV heads are partitioned when there are enough of them, else replicated.
+        kv_divides = (
+            self.total_num_kv_heads % tp_size == 0
+            if self.total_num_kv_heads >= tp_size
+            else tp_size % self.total_num_kv_heads == 0
+        )
+        if not kv_divides:
+            raise ValueError(
+                f"num_key_value_heads={self.total_num_kv_heads} cannot be partitioned or "
+                f"replicated across tensor_parallel_size={tp_size}; one of the two must "
+                "divide the other"
+            )
+        self.num_heads = self.total_num_heads // tp_size
+        self.num_kv_heads = max(1, self.total_num_kv_heads // tp_size)
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+
+        self.q_k_v_proj = QKVParallelLinear(
+            config.hidden_size,
+            self.head_dim,
+            self.total_num_heads,
+            self.total_num_kv_heads,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.q_k_v_proj",
+        )
+        # One gate per head, sharded like the query heads. Left unquantised: it
+        # is tiny and its output feeds fp32 gate math.
+        self.g_proj = (
+            ColumnParallelLinear(
+                config.hidden_size,
+                self.total_num_heads,
+                bias=False,
+                quant_config=None,
+                prefix=f"{prefix}.g_proj",
+            )
+            if config.headwise_attn_output_gate
+            else None
+        )
+        self.gate_act = _GATE_ACTIVATIONS[config.gate_attn_act_mode]
+        self.out_proj = RowParallelLinear(
+            self.total_num_heads * self.head_dim,
+            config.hidden_size,
+            bias=False,
+            quant_config=quant_config,
+            prefix=f"{prefix}.out_proj",
+        )
+        # The cos/sin cache covers the positions this engine can serve, not
+        # max_position_embeddings (1M for the 4B).
+        self.rotary_emb = compat.get_rope(
+            self.head_dim, max_position=max_position, **config.rope_parameters_for(layer_type)
+        )
+        self.attn = Attention(
+            self.num_heads,
+            self.head_dim,
+            self.head_dim**-0.5,
+            num_kv_heads=self.num_kv_heads,
+            cache_config=cache_config,
+            quant_config=quant_config,
+            per_layer_sliding_window=(
+                config.sliding_window if layer_type == SLIDING_ATTENTION else None
+            ),
+            prefix=f"{prefix}.attn",
+        )
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        qkv, _ = self.q_k_v_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        attn_output = self.attn(q, k, v)
+        if self.g_proj is not None:
+            gate, _ = self.g_proj(hidden_states)
+            gate = self.gate_act(gate.float()).unsqueeze(-1)
+            heads = attn_output.view(-1, self.num_heads, self.head_dim).float()
+            attn_output = (heads * gate).view_as(attn_output).to(attn_output.dtype)
+        output, _ = self.out_proj(attn_output)
+        return output
+
+
+class Spark2_5DecoderLayer(nn.Module):
+    def __init__(self, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        quant_config = vllm_config.quant_config
+        self.self_attn = Spark2_5Attention(
+            config,
+            layer_type=config.layer_types[extract_layer_index(prefix)],
+            max_position=vllm_config.model_config.max_model_len,
+            cache_config=vllm_config.cache_config,
+            quant_config=quant_config,
+            prefix=f"{prefix}.self_attn",
+        )
+        self.mlp = Spark2_5MLP(
+            config.hidden_size,
+            config.intermediate_size,
+            quant_config=quant_config,
+            prefix=f"{prefix}.mlp",
+        )
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        residual: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        hidden_states = self.mlp(hidden_states)
+        return hidden_states, residual
+
+
+@support_torch_compile
+class Spark2_5Model(nn.Module):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        self.config = config
+        pp_group = get_pp_group()
+        # A tied head on the last stage reads the embedding too.
+        if pp_group.is_first_rank or (config.tie_word_embeddings and pp_group.is_last_rank):
+            self.embedding = VocabParallelEmbedding(
+                config.vocab_size,
+                config.hidden_size,
+                quant_config=vllm_config.quant_config,
+                prefix=f"{prefix}.embedding",
+            )
+        else:
+            self.embedding = PPMissingLayer()
+        self.start_layer, self.end_layer, self.layers = make_layers(
+            config.num_hidden_layers,
+            lambda prefix: Spark2_5DecoderLayer(vllm_config, prefix=prefix),
+            prefix=f"{prefix}.layers",
+        )
+        if pp_group.is_last_rank:
+            self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        else:
+            self.norm = PPMissingLayer()
+        self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
+            ["hidden_states", "residual"], config.hidden_size
+        )
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embedding(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        if get_pp_group().is_first_rank:
+            if inputs_embeds is not None:
+                hidden_states = inputs_embeds
+            else:
+                hidden_states = self.embed_input_ids(input_ids)
+            residual = None
+        else:
+            assert intermediate_tensors is not None
+            hidden_states = intermediate_tensors["hidden_states"]
+            residual = intermediate_tensors["residual"]
+        for layer in islice(self.layers, self.start_layer, self.end_layer):
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        if not get_pp_group().is_last_rank:
+            return IntermediateTensors({"hidden_states": hidden_states, "residual": residual})
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class Spark2_5ForCausalLM(nn.Module, SupportsPP):
+    packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
+        "q_k_v_proj": ["q_proj", "k_proj", "v_proj"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        self.config = config
+        self.model = Spark2_5Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
+        if get_pp_group().is_last_rank:
+            self.lm_head = ParallelLMHead(
+                config.vocab_size,
+                config.hidden_size,
+                quant_config=vllm_config.quant_config,
+                prefix=maybe_prefix(prefix, "lm_head"),
+            )
+            if config.tie_word_embeddings:
+                self.lm_head = self.lm_head.tie_weights(self.model.embedding)
+            self.logits_processor = LogitsProcessor(config.vocab_size)
+        else:
+            self.lm_head = PPMissingLayer()
+        self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        # A tied checkpoint may still carry lm_head.weight; the head is the
+        # embedding, so that copy is dropped rather than written over it.
+        skip_prefixes = ("lm_head.",) if self.config.tie_word_embeddings else ()
+        ledger = _CheckpointLedger(self, skip_prefixes)
+        loaded = compat.load_weights(
+            self, ledger.track(weights), stacked=STACKED_PARAMS, skip_prefixes=skip_prefixes
+        )
+        ledger.verify()
+        return loaded
+
+
+_WHOLE = "whole tensor"
+
+
+class _CheckpointLedger:
+    """Accounts for every checkpoint tensor of one pipeline stage.
+
+    A tensor with no parameter to go to, a parameter (or one shard of a packed
+    one) filled twice, and a parameter left unfilled are errors that name the
+    checkpoint tensors involved.
+    """
+
+    def __init__(self, model: nn.Module, skip_prefixes: tuple[str, ...]) -> None:
+        self.model = model
+        self.skip_prefixes = skip_prefixes
+        self.params = dict(model.named_parameters())
+        self.filled: dict[str, dict[str | int, str]] = defaultdict(dict)
+
+    def track(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in weights:
+            if self.skip_prefixes and name.startswith(self.skip_prefixes):
+                yield name, tensor
+                continue
+            target, shard_id = _packed_target(name)
+            if target not in self.params:
+                if is_pp_missing_parameter(target, self.model):
+                    continue  # another pipeline stage loads it
+                raise ValueError(
+                    f"Unexpected tensor {name!r} in the Spark2_5 checkpoint: "
+                    f"{type(self.model).__name__} has no parameter {target!r} for it "
+                    "(check the checkpoint against config.json: bias, head and layer counts)"
+                )
+            shard = _WHOLE if shard_id is None else shard_id
+            filled = self.filled[target]
+            if filled and (shard == _WHOLE or _WHOLE in filled or shard in filled):
+                clash = filled.get(shard) or filled.get(_WHOLE) or next(iter(filled.values()))
+                raise ValueError(
+                    f"Checkpoint tensors {clash!r} and {name!r} both load into {target!r}; "
+                    "keep either the fused tensor or its parts, once"
+                )
+            filled[shard] = name
+            yield name, tensor
+
+    def verify(self) -> None:
+        missing = []
+        for target in self.params:
+            filled = self.filled.get(target, {})
+            if _WHOLE in filled:
+                continue
+            parts = _checkpoint_parts(target)
+            if not parts:
+                if not filled:
+                    missing.append(target)
+            elif not filled:
+                names = ", ".join(parts.values())
+                missing.append(f"{target} (or its parts {names})")
+            else:
+                missing.extend(part for shard, part in parts.items() if shard not in filled)
+        if missing:
+            raise ValueError(
+                "The Spark2_5 checkpoint lacks these tensors: "
+                + "; ".join(missing)
+                + ". Check that it matches its config.json (layers, tie_word_embeddings, "
+                "headwise_attn_output_gate)"
+            )
+
+
+def _packed_target(name: str) -> tuple[str, str | int | None]:
+    """The parameter a checkpoint tensor loads into, and the shard id if it is one part."""
+    for part, (packed_part, shard_id) in STACKED_PARAMS.items():
+        if part in name:
+            return name.replace(part, packed_part, 1), shard_id
+    return name, None
+
+
+def _checkpoint_parts(target: str) -> dict[str | int, str]:
+    """For a packed parameter, its shard ids and the checkpoint names that fill them."""
+    return {
+        shard_id: target.replace(packed_part, part, 1)
+        for part, (packed_part, shard_id) in STACKED_PARAMS.items()
+        if packed_part in target
+    }
