@@ -212,3 +212,106 @@ def tool_parser_base() -> type:
         "vllm.entrypoints.openai.tool_parsers.abstract_tool_parser",
     )
     return module.ToolParser
+
+
+# --- tool-call parser -----------------------------------------------------------
+
+
+def tool_call_protocol() -> Any:
+    """The module with ``DeltaMessage``, ``DeltaToolCall``, ``DeltaFunctionCall``,
+    ``ToolCall``, ``FunctionCall`` and ``ExtractedToolCallInformation``.
+
+    They lived in ``vllm.entrypoints.openai.protocol``, then
+    ``vllm.entrypoints.openai.engine.protocol``; vLLM 0.32 keeps them in
+    ``vllm.entrypoints.generate.base.protocol``.
+    """
+    return _first_importable(
+        "vllm.entrypoints.generate.base.protocol",
+        "vllm.entrypoints.openai.engine.protocol",
+        "vllm.entrypoints.openai.protocol",
+    )
+
+
+def tool_call_id_factory() -> Any:
+    """vLLM's ``make_tool_call_id`` (moved from ``vllm.entrypoints.chat_utils`` to
+    ``vllm.renderers.chat_utils``); called with no arguments it returns a random id."""
+    module = _first_importable("vllm.renderers.chat_utils", "vllm.entrypoints.chat_utils")
+    return module.make_tool_call_id
+
+
+def _tool_parser_utils() -> Any:
+    """``vllm.tool_parsers.utils``, looked up per call so tests can take attributes away."""
+    return _first_importable(
+        "vllm.tool_parsers.utils", "vllm.entrypoints.openai.tool_parsers.utils"
+    )
+
+
+def _function_tools(tools: Iterable[Any]) -> Iterable[tuple[str, Any]]:
+    """``(name, parameters)`` of the plain function tools in a request's ``tools``:
+    Chat Completions tools (``tool.function``) and Responses function tools."""
+    for tool in tools:
+        function = getattr(tool, "function", None)
+        if function is not None:
+            yield function.name, function.parameters
+        elif getattr(tool, "type", None) == "function":
+            yield tool.name, tool.parameters
+
+
+def find_tool_name(tools: Sequence[Any] | None, name: str) -> bool:
+    """Whether the request's ``tools`` declare a function tool called ``name``.
+
+    vLLM 0.23 has no ``vllm.tool_parsers.utils.find_tool_name``; the local
+    fallback sees plain function tools only (it does not expand Responses-API
+    namespace tools into ``namespace__name``).
+    """
+    if not tools:
+        return False
+    host_find = getattr(_tool_parser_utils(), "find_tool_name", None)
+    if host_find is not None:
+        return host_find(tools, name)
+    return any(tool_name == name for tool_name, _ in _function_tools(tools))
+
+
+def find_tool_properties(tools: Sequence[Any] | None, name: str) -> dict[str, Any]:
+    """The ``properties`` of function tool ``name``'s parameter schema, ``{}`` if none.
+
+    Uses ``vllm.tool_parsers.utils.find_tool_properties`` where it exists (it
+    knows Responses-API namespace tools) and the same local fallback as
+    :func:`find_tool_name` elsewhere.
+    """
+    if not tools:
+        return {}
+    host_find = getattr(_tool_parser_utils(), "find_tool_properties", None)
+    if host_find is not None:
+        return host_find(tools, name)
+    for tool_name, parameters in _function_tools(tools):
+        if tool_name == name:
+            return (parameters or {}).get("properties", {})
+    return {}
+
+
+def structural_tag_models() -> frozenset[str]:
+    """The tool-call structural-tag formats this vLLM can turn into a grammar.
+
+    Releases without ``vllm.tool_parsers.structural_tag_registry`` cannot
+    constrain ``tool_choice="required"``/named calls to a model's own syntax at
+    all; for them this is empty.
+    """
+    try:
+        registry = importlib.import_module("vllm.tool_parsers.structural_tag_registry")
+    except ImportError:
+        return frozenset()
+    return frozenset(getattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS", ()))
+
+
+def request_validation_error(message: str, parameter: str, value: Any) -> Exception:
+    """An exception the API server answers with HTTP 400 naming ``parameter``.
+
+    ``vllm.exceptions.VLLMValidationError`` where it exists; older releases map a
+    plain ``ValueError`` raised while preparing a request to 400.
+    """
+    try:
+        error_cls = importlib.import_module("vllm.exceptions").VLLMValidationError
+    except (ImportError, AttributeError):
+        return ValueError(f"{message} (parameter={parameter}, value={value})")
+    return error_cls(message, parameter=parameter, value=value)
