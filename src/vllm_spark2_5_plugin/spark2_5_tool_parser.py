@@ -1,10 +1,534 @@
-"""Placeholder: the spark25 tool-call parser lands with the parser issue."""
+"""``spark25``: vLLM tool-call parser for Spark2_5's XML/KV call format.
 
-from vllm_spark2_5_plugin.compat import tool_parser_base
+Spark2_5 writes a call as::
 
-ToolParser = tool_parser_base()
+    <tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...</tool_call>
+
+The chat template renders this compact form; models also put newlines or other
+whitespace between the tags. The tags are special tokens of the real tokenizer,
+but the parser reads text, so tags spelled out character by character parse the
+same way.
+
+One incremental scanner serves both entry points. ``extract_tool_calls`` feeds it
+the whole output and finishes it; streaming feeds it each delta and vLLM
+finishes it through ``finish_streaming``. Both therefore report the same content
+and calls however the output was split. A streamed call is announced (id and
+name) as soon as its name is complete and then grows by one JSON fragment per
+completed key/value pair; the fragments concatenate to exactly the
+non-streaming ``arguments``. The scanner holds back at most a partial tag and
+the element it is reading, and reads each character a bounded number of times,
+so a stream costs time linear in its length.
+
+What becomes of unusual output (``docs/tool-calling.md`` has it for users):
+
+* Nothing is a call when the request declares no tools or ``tool_choice`` is
+  ``"none"``; the output is content, verbatim.
+* A block whose name is empty or not a declared tool is returned verbatim as
+  content.
+* Markup that does not form a complete key/value pair inside a call (an
+  unterminated pair, a key that repeats, stray text between tags) is returned
+  as content, and the call keeps its complete pairs. A call that is never
+  closed ends with the output.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from vllm_spark2_5_plugin import compat
+
+ToolParser = compat.tool_parser_base()
+_protocol = compat.tool_call_protocol()
+DeltaFunctionCall = _protocol.DeltaFunctionCall
+DeltaMessage = _protocol.DeltaMessage
+DeltaToolCall = _protocol.DeltaToolCall
+ExtractedToolCallInformation = _protocol.ExtractedToolCallInformation
+FunctionCall = _protocol.FunctionCall
+ToolCall = _protocol.ToolCall
+make_tool_call_id = compat.tool_call_id_factory()
+
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+ARG_KEY_START = "<arg_key>"
+ARG_KEY_END = "</arg_key>"
+ARG_VALUE_START = "<arg_value>"
+ARG_VALUE_END = "</arg_value>"
+_TAGS = frozenset(
+    (TOOL_CALL_START, TOOL_CALL_END, ARG_KEY_START, ARG_KEY_END, ARG_VALUE_START, ARG_VALUE_END)
+)
+_LONGEST_TAG = max(map(len, _TAGS))
+_TAG_PREFIXES = frozenset(tag[:end] for tag in _TAGS for end in range(1, len(tag)))
+# A name or key longer than this is prose after a stray tag, not an identifier:
+# release it as content instead of holding the stream back until the next tag.
+MAX_IDENTIFIER_CHARS = 256
+
+# GLM-4.7's structural tag writes <tool_call>NAME<arg_key>K</arg_key><arg_value>V
+# </arg_value></tool_call> with string values raw and other values as JSON: byte
+# for byte the compact form Spark2_5's chat template renders.
+_STRUCTURAL_TAG_FORMAT = "glm_4_7"
+
+# How values are converted, in the order a union type tries its members.
+_TYPE_ORDER = ("null", "integer", "number", "boolean", "object", "array")
+_JSON_TYPE_NAMES = {
+    type(None): "null",
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    list: "array",
+    dict: "object",
+}
+_INTEGER = re.compile(r"[-+]?\d+")
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+_NO_MATCH = object()
+
+
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is not a finite JSON number")
+    return value
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(text: str) -> Any:
+    """Strict JSON (no NaN/Infinity, no overflow to inf), or ``_NO_MATCH``."""
+    try:
+        return json.loads(text, parse_float=_finite_float, parse_constant=_reject_constant)
+    except ValueError:
+        return _NO_MATCH
+
+
+def _as_null(text: str) -> Any:
+    return None if text.lower() == "null" else _NO_MATCH
+
+
+def _as_integer(text: str) -> Any:
+    number = _as_number(text)
+    return number if type(number) is int else _NO_MATCH
+
+
+def _as_number(text: str) -> Any:
+    if _INTEGER.fullmatch(text):
+        return int(text)
+    if not _NUMBER.fullmatch(text):
+        return _NO_MATCH
+    value = float(text)
+    if not math.isfinite(value):
+        return _NO_MATCH
+    return int(value) if value.is_integer() else value
+
+
+def _as_boolean(text: str) -> Any:
+    return {"true": True, "1": True, "false": False, "0": False}.get(text.lower(), _NO_MATCH)
+
+
+def _as_object(text: str) -> Any:
+    value = _loads(text)
+    return value if isinstance(value, dict) else _NO_MATCH
+
+
+def _as_array(text: str) -> Any:
+    value = _loads(text)
+    return value if isinstance(value, list) else _NO_MATCH
+
+
+_CONVERTERS = {
+    "null": _as_null,
+    "integer": _as_integer,
+    "number": _as_number,
+    "boolean": _as_boolean,
+    "object": _as_object,
+    "array": _as_array,
+}
+
+
+def schema_types(schema: Any) -> set[str]:
+    """JSON types a parameter schema admits: ``type`` (one or a list),
+    ``nullable``, the types of ``enum``/``const`` values, and the same for the
+    branches of ``anyOf``/``oneOf``/``allOf``. Empty when the schema says nothing."""
+    if not isinstance(schema, dict):
+        return set()
+    declared = schema.get("type")
+    if isinstance(declared, str):
+        types = {declared}
+    elif isinstance(declared, list):
+        types = {name for name in declared if isinstance(name, str)}
+    else:
+        types = set()
+    if schema.get("nullable") is True:
+        types.add("null")
+    values = list(schema.get("enum") or ())
+    if "const" in schema:
+        values.append(schema["const"])
+    types.update(_JSON_TYPE_NAMES.get(type(value), "string") for value in values)
+    for keyword in ("anyOf", "oneOf", "allOf"):
+        for branch in schema.get(keyword) or ():
+            types |= schema_types(branch)
+    return types
+
+
+def convert_value(raw: str, schema: Any) -> Any:
+    """The JSON value for the text between ``<arg_value>`` and ``</arg_value>``.
+
+    A string parameter (or one without type information) gets the text verbatim,
+    so a string parameter's ``null`` is the string "null"; a parameter whose
+    schema also admits null gets ``null``. Otherwise the declared types are
+    tried in the order null, integer, number, boolean, object, array (the
+    surrounding whitespace ignored), then string; when none accepts the text,
+    it is kept as the JSON it spells or else as the string.
+    """
+    types = schema_types(schema)
+    if types <= {"string"}:
+        return raw
+    text = raw.strip()
+    for type_name in _TYPE_ORDER:
+        if type_name in types:
+            value = _CONVERTERS[type_name](text)
+            if value is not _NO_MATCH:
+                return value
+    if "string" in types:
+        return raw
+    value = _loads(text)
+    return raw if value is _NO_MATCH else value
+
+
+class _Scanner:
+    """Incremental reader of Spark2_5 output: content, and calls as JSON fragments.
+
+    ``feed`` text in pieces, then ``finish``. Output accumulates in ``content``
+    (text pieces) and ``events``: ``(call_index, name, fragment)`` where a call's
+    first event carries its name and an empty fragment and later ones carry
+    ``None`` and the next piece of its arguments. The owner drains both.
+    """
+
+    def __init__(self, tools: Sequence[Any] | None) -> None:
+        self.content: list[str] = []
+        self.events: list[tuple[int, str | None, str]] = []
+        self._tools = tools
+        self._held = ""  # a tail that may be the start of a tag
+        self._state = "content"
+        # Raw pieces of the element being read: a block's "<tool_call>" and name, a
+        # pair's tags, key, whitespace and value, or whitespace between a call's tags.
+        self._pieces: list[str] = []
+        # Inside a call, text between two tags is dropped when it is whitespace only
+        # and otherwise returned as content; True once this run has shown it is not.
+        self._stray_run = False
+        self._identifier_chars = 0
+        self._key = ""
+        self._value_start = 0
+        self._calls = 0
+        self._properties: dict[str, Any] = {}
+        self._call_keys: set[str] = set()
+
+    # -- input ---------------------------------------------------------------
+
+    def feed(self, text: str) -> None:
+        if self._held:
+            text = self._held + text
+            self._held = ""
+        start = search = 0
+        while (lt := text.find("<", search)) != -1:
+            gt = text.find(">", lt + 1, lt + _LONGEST_TAG)
+            if gt != -1 and text[lt : gt + 1] in _TAGS:
+                if lt > start:
+                    self._text(text[start:lt])
+                self._tag(text[lt : gt + 1])
+                start = search = gt + 1
+            elif gt == -1 and len(text) - lt < _LONGEST_TAG and text[lt:] in _TAG_PREFIXES:
+                self._held = text[lt:]
+                text = text[:lt]
+                break
+            else:
+                search = lt + 1
+        if start < len(text):
+            self._text(text[start:])
+
+    def finish(self) -> None:
+        held, self._held = self._held, ""
+        if held:
+            self._text(held)
+        if self._state == "name":
+            self._reject_block()
+        elif self._state != "content":
+            if self._state != "body":
+                self._abandon_pair(stray_run=False)
+            self._close_call()
+
+    # -- dispatch by state ------------------------------------------------------
+
+    def _text(self, text: str) -> None:
+        state = self._state
+        if state == "content":
+            self.content.append(text)
+        elif state == "value":
+            self._pieces.append(text)
+        elif state == "body":
+            if self._stray_run:
+                self.content.append(text)
+            elif text.isspace():
+                self._pieces.append(text)
+            else:
+                self._pieces.append(text)
+                self._abandon_pair(stray_run=True)
+        elif state == "gap":
+            self._pieces.append(text)
+            if not text.isspace():
+                self._abandon_pair(stray_run=True)
+        else:  # "name" or "key"
+            self._pieces.append(text)
+            self._identifier_chars += len(text)
+            if self._identifier_chars > MAX_IDENTIFIER_CHARS:
+                if state == "name":
+                    self._reject_block()
+                else:
+                    self._abandon_pair(stray_run=True)
+
+    def _tag(self, tag: str) -> None:
+        state = self._state
+        if state == "content":
+            if tag == TOOL_CALL_START and self._tools:
+                self._begin("name", tag)
+            else:
+                self.content.append(tag)
+        elif state == "name":
+            if tag in (ARG_KEY_START, TOOL_CALL_END) and self._open_call():
+                self._tag(tag)
+            else:
+                self._reject_block()
+                self._tag(tag)
+        elif state == "body":
+            self._pieces = []  # whitespace between tags
+            self._stray_run = False
+            if tag == ARG_KEY_START:
+                self._begin("key", tag)
+            elif tag in (TOOL_CALL_END, TOOL_CALL_START):
+                self._close_call()
+                if tag == TOOL_CALL_START:
+                    self._tag(tag)
+            else:
+                self.content.append(tag)
+        elif state == "key" and tag == ARG_KEY_END:
+            self._key = "".join(self._pieces[1:]).strip()
+            self._pieces.append(tag)
+            self._state = "gap"
+        elif state == "gap" and tag == ARG_VALUE_START:
+            self._pieces.append(tag)
+            self._value_start = len(self._pieces)
+            self._state = "value"
+        elif state == "value" and tag == ARG_VALUE_END:
+            self._end_pair(tag)
+        elif state == "value" and tag != TOOL_CALL_END:
+            self._pieces.append(tag)  # values may contain other tags' text
+        else:
+            self._abandon_pair(stray_run=False)
+            self._tag(tag)
+
+    # -- transitions --------------------------------------------------------------
+
+    def _begin(self, state: str, tag: str) -> None:
+        self._state = state
+        self._pieces = [tag]
+        self._identifier_chars = 0
+
+    def _reject_block(self) -> None:
+        """The block after ``<tool_call>`` is no call: give its text back as content."""
+        self.content.append("".join(self._pieces))
+        self._pieces = []
+        self._state = "content"
+
+    def _open_call(self) -> bool:
+        name = "".join(self._pieces[1:]).strip()
+        if not name or not compat.find_tool_name(self._tools, name):
+            return False
+        self.events.append((self._calls, name, ""))
+        self._calls += 1
+        properties = compat.find_tool_properties(self._tools, name)
+        self._properties = properties if isinstance(properties, dict) else {}
+        self._call_keys = set()
+        self._pieces = []
+        self._stray_run = False
+        self._state = "body"
+        return True
+
+    def _end_pair(self, tag: str) -> None:
+        key = self._key
+        if not key or key in self._call_keys:
+            self._pieces.append(tag)
+            self._abandon_pair(stray_run=False)
+            return
+        raw = "".join(self._pieces[self._value_start :])
+        value = convert_value(raw, self._properties.get(key))
+        separator = "," if self._call_keys else "{"
+        self._call_keys.add(key)
+        self.events.append(
+            (self._calls - 1, None, separator + _compact_json(key) + ":" + _compact_json(value))
+        )
+        self._pieces = []
+        self._state = "body"
+
+    def _abandon_pair(self, stray_run: bool) -> None:
+        """What is being read inside a call is no pair: its text goes to content and
+        the call goes on. ``stray_run``: text (not a tag) ended it, so the rest of
+        the text up to the next tag is content too."""
+        self.content.append("".join(self._pieces))
+        self._pieces = []
+        self._stray_run = stray_run
+        self._state = "body"
+
+    def _close_call(self) -> None:
+        self.events.append((self._calls - 1, None, "}" if self._call_keys else "{}"))
+        self._state = "content"
+
+
+def _callable_tools(request: Any) -> Sequence[Any] | None:
+    if request is None or getattr(request, "tool_choice", None) == "none":
+        return None
+    return request.tools or None
+
+
+def _forces_call(tool_choice: Any) -> bool:
+    """``tool_choice="required"``, a named tool, or allowed tools in required mode."""
+    if tool_choice == "required":
+        return True
+    choice_type = getattr(tool_choice, "type", None)
+    if choice_type in ("function", "custom"):
+        return True
+    return choice_type == "allowed_tools" and getattr(tool_choice, "mode", None) == "required"
+
+
+def _describe_choice(tool_choice: Any) -> str:
+    if isinstance(tool_choice, str):
+        return repr(tool_choice)
+    name = getattr(tool_choice, "name", None) or getattr(
+        getattr(tool_choice, "function", None), "name", None
+    )
+    return f"{{named tool {name!r}}}" if name else repr(tool_choice)
 
 
 class Spark25ToolParser(ToolParser):
-    def __init__(self, *args, **kwargs):
-        raise NotImplementedError("the spark25 tool parser is not implemented yet in this build")
+    """Tool-call parser for Spark2_5 (``--tool-call-parser spark25``)."""
+
+    # Required and named calls are written in Spark's XML, never as vLLM's JSON.
+    supports_required_and_named = False
+    structural_tag_model = (
+        _STRUCTURAL_TAG_FORMAT if _STRUCTURAL_TAG_FORMAT in compat.structural_tag_models() else None
+    )
+    # The scanner keeps its own state, so vLLM may pass bare deltas, and it must
+    # be told when the stream ends (``finish_streaming``) to release what it holds.
+    engine_based_streaming = True
+
+    def __init__(self, tokenizer: Any, tools: list[Any] | None = None) -> None:
+        # Tools are read from each request; older releases' base takes none.
+        super().__init__(tokenizer)
+        self._stream: _Scanner | None = None
+
+    def adjust_request(self, request: Any) -> Any:
+        request = super().adjust_request(request)
+        if not request.tools or request.tool_choice == "none":
+            return request
+        # The call tags are special tokens: skipping them would hide every call.
+        request.skip_special_tokens = False
+        structured_outputs = getattr(request, "structured_outputs", None)
+        if _forces_call(request.tool_choice) and (
+            structured_outputs is None or structured_outputs.structural_tag is None
+        ):
+            if self.structural_tag_model is None:
+                reason = "this vLLM has no structural tag for Spark2_5's call format"
+                fix = "upgrade vLLM to a release with tool-call structural tags"
+            else:
+                reason = "VLLM_ENFORCE_STRICT_TOOL_CALLING=0 turns structural tags off"
+                fix = "restart the server without VLLM_ENFORCE_STRICT_TOOL_CALLING=0"
+            raise compat.request_validation_error(
+                f"tool_choice={_describe_choice(request.tool_choice)} needs the output "
+                f"constrained to a Spark2_5 tool call, but {reason}, so the model could "
+                f'answer in plain text. Fix: {fix}, or send tool_choice="auto".',
+                parameter="tool_choice",
+                value=_describe_choice(request.tool_choice),
+            )
+        return request
+
+    def extract_tool_calls(self, model_output: str, request: Any) -> Any:
+        scanner = _Scanner(_callable_tools(request))
+        scanner.feed(model_output)
+        scanner.finish()
+        calls: list[tuple[str, list[str]]] = []
+        for index, name, fragment in scanner.events:
+            if name is not None:
+                calls.append((name, []))
+            calls[index][1].append(fragment)
+        tool_calls = [
+            ToolCall(
+                id=make_tool_call_id(),
+                function=FunctionCall(name=name, arguments="".join(fragments)),
+            )
+            for name, fragments in calls
+        ]
+        return ExtractedToolCallInformation(
+            tools_called=bool(tool_calls),
+            tool_calls=tool_calls,
+            content="".join(scanner.content) or None,
+        )
+
+    def extract_tool_calls_streaming(
+        self,
+        previous_text: str,
+        current_text: str,
+        delta_text: str,
+        previous_token_ids: Sequence[int],
+        current_token_ids: Sequence[int],
+        delta_token_ids: Sequence[int],
+        request: Any,
+    ) -> Any:
+        if self._stream is None:
+            self._stream = _Scanner(_callable_tools(request))
+        if not delta_text:
+            return None
+        self._stream.feed(delta_text)
+        return self._drain()
+
+    def finish_streaming(self) -> Any:
+        """Release what the stream still holds: a partial tag, an unclosed call."""
+        if self._stream is None:
+            return None
+        self._stream.finish()
+        return self._drain()
+
+    def _drain(self) -> Any:
+        scanner = self._stream
+        content = "".join(scanner.content)
+        scanner.content.clear()
+        if not scanner.events:
+            return DeltaMessage(content=content) if content else None
+        names: dict[int, str | None] = {}
+        arguments: dict[int, list[str]] = {}
+        for index, name, fragment in scanner.events:
+            if name is not None:
+                names[index] = name
+            arguments.setdefault(index, []).append(fragment)
+        scanner.events.clear()
+        tool_calls = []
+        for index, fragments in arguments.items():
+            name = names.get(index)
+            if name is None:
+                function = DeltaFunctionCall(arguments="".join(fragments))
+                tool_calls.append(DeltaToolCall(index=index, function=function))
+            else:
+                function = DeltaFunctionCall(name=name, arguments="".join(fragments))
+                tool_calls.append(
+                    DeltaToolCall(
+                        index=index, id=make_tool_call_id(), type="function", function=function
+                    )
+                )
+        return DeltaMessage(content=content or None, tool_calls=tool_calls)
