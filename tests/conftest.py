@@ -24,3 +24,11 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory):
     from vllm_spark2_5_plugin.testing.checkpoints import build_llama_checkpoint
 
     return build_llama_checkpoint(tmp_path_factory.mktemp("tiny-llama"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def spark_chat_model():
+    """The trained Spark2_5 fixture (built once per machine, then cached)."""
+    from vllm_spark2_5_plugin.testing.fixture import build_fixture
+
+    return build_fixture()
