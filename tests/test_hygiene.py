@@ -1,7 +1,9 @@
 """Hygiene of every file the project tracks.
 
 No private network addresses (RFC 1918), no absolute home, workspace or temp
-paths, no credential shapes, no file over the size limit. The file list comes
+paths, no package registry's host name (the workflows take the indexes'
+addresses from repository variables), no credential shapes, no file over the
+size limit. The file list comes
 from ``git ls-files`` in a git checkout and from a walk that honours
 ``.gitignore`` anywhere else (an unpacked sdist), so the scan runs in both.
 """
@@ -34,6 +36,32 @@ MACHINE_PATH = re.compile(
     r"(?<![\w.~$/:-])/(?:root|work|tmp)(?![\w.-])"  # root's home, the workspace, temp
     r"|(?<![\w.~$/:-])/(?:home|Users)/[A-Za-z0-9._-]+"  # someone's home folder
     r"|\b[A-Za-z]:\\Users\\"  # a Windows profile
+)
+# Package registries: these hosts and every host under them (PyPI, TestPyPI and
+# their upload and file hosts, the PyPI file host, the PyPI-era python.org host,
+# the PyTorch wheel indexes, NVIDIA's and vLLM's wheel indexes, conda, npm, the
+# Go module proxy, crates). Joined at run time so that this file does not name
+# them itself.
+REGISTRY_DOMAINS = tuple(
+    ".".join(labels)
+    for labels in (
+        ("pypi", "org"),
+        ("python" + "hosted", "org"),
+        ("pypi", "python", "org"),
+        ("pytorch", "org"),
+        ("pypi", "nvidia", "com"),
+        ("pypi", "ngc", "nvidia", "com"),
+        ("wheels", "vllm", "ai"),
+        ("anaconda", "org"),
+        ("repo", "anaconda", "com"),
+        ("registry", "npmjs", "org"),
+        ("proxy", "golang", "org"),
+        ("crates", "io"),
+    )
+)
+REGISTRY_HOST = re.compile(
+    r"(?<![\w.-])(?:[a-z0-9-]+\.)*(?:" + "|".join(map(re.escape, REGISTRY_DOMAINS)) + r")(?![\w-])",
+    re.IGNORECASE,
 )
 SECRETS = {
     "PyPI token": re.compile(r"pypi-AgE[A-Za-z0-9_-]{50,}"),
@@ -120,6 +148,10 @@ def machine_paths(text: str) -> list[str]:
     return [match.group() for match in MACHINE_PATH.finditer(text)]
 
 
+def registry_hosts(text: str) -> list[str]:
+    return [match.group() for match in REGISTRY_HOST.finditer(text)]
+
+
 def secrets(text: str) -> list[str]:
     # Only a prefix goes into the report: the report must not leak the secret.
     return [f"{kind}: {m[0][:12]}..." for kind, rx in SECRETS.items() for m in rx.finditer(text)]
@@ -154,6 +186,12 @@ def test_no_private_network_addresses():
 def test_no_absolute_machine_paths():
     assert violations(ROOT, machine_paths) == [], (
         "use paths relative to the repository, ~ or tmp_path fixtures"
+    )
+
+
+def test_no_package_registry_hosts():
+    assert violations(ROOT, registry_hosts) == [], (
+        "take the index's address from a repository variable (docs/release.md, section 4)"
     )
 
 
@@ -240,6 +278,44 @@ def test_machine_paths_are_found(line: str):
 )
 def test_portable_paths_pass(line: str):
     assert machine_paths(line) == []
+
+
+def _host(*labels: str) -> str:
+    return ".".join(labels)
+
+
+@pytest.mark.parametrize(
+    ("line", "host"),
+    [
+        (f"repository-url: https://{_host('test', 'pypi', 'org')}/legacy/", "test.pypi"),
+        (f"PIP_EXTRA_INDEX_URL: https://{_host('download', 'pytorch', 'org')}/whl/cpu", "download"),
+        (f"url = '{_host('files', 'python' + 'hosted', 'org')}/packages/x.whl'", "files."),
+        (f"see the settings page on {_host('pypi', 'org')}.", "pypi."),
+        (f"<https://{_host('PyPI', 'org')}/manage/project/x/>", "PyPI."),
+        (f"--index-url https://{_host('pypi', 'nvidia', 'com')}", "pypi.nvidia"),
+        (f"host = {{'pypi': 'https://{_host('upload', 'pypi', 'org')}'}}", "upload."),
+    ],
+)
+def test_registry_hosts_are_found(tmp_path: Path, line: str, host: str):
+    (tmp_path / "workflow.yml").write_text(f"name: x\n{line}\n", encoding="utf-8")
+    found = violations(tmp_path, registry_hosts)
+    assert len(found) == 1 and found[0].startswith(f"workflow.yml:2: {host}")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "PyPI and TestPyPI, published with Trusted Publishing",
+        "pip install pypi-attestations",
+        "repository-url: ${{ vars.TESTPYPI_REPOSITORY_URL }}",
+        '--index-url "$TESTPYPI_BASE_URL/simple/"',
+        "https://example.org/pypi/simple/ and https://index.example.org/whl/cpu",
+        "not" + _host("pypi", "org") + " and " + _host("pypi", "organisation"),
+        "https://github.com/pypa/gh-action-pypi-publish",
+    ],
+)
+def test_lines_without_registry_hosts_pass(line: str):
+    assert registry_hosts(line) == []
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,9 @@
 
 One version everywhere it appears; the host range pins what CI verifies; the
 publish workflow's invariants (read-only build, token-free attested publish,
-receipt); ``scripts/check-dist`` on freshly built files, including planted
-faults; two builds with one ``SOURCE_DATE_EPOCH`` are byte-identical.
+receipt, the indexes' addresses from checked repository variables);
+``scripts/check-dist`` on freshly built files, including planted faults; two
+builds with one ``SOURCE_DATE_EPOCH`` are byte-identical.
 """
 
 from __future__ import annotations
@@ -186,15 +187,147 @@ def test_testpypi_is_the_default_and_pypi_needs_a_tag_or_a_choice():
     )
     jobs = workflow["jobs"]
     for name, environment, repository_url in (
-        ("publish-testpypi", "testpypi", "https://test.pypi.org/legacy/"),
-        ("publish-pypi", "pypi", None),
+        ("publish-testpypi", "testpypi", "${{ vars.TESTPYPI_REPOSITORY_URL }}"),
+        ("publish-pypi", "pypi", None),  # the action's default is PyPI
     ):
         job = jobs[name]
         assert job["if"] == f"needs.build.outputs.index == '{environment}'"
-        assert job["environment"]["name"] == environment
+        assert job["environment"] == {"name": environment}
         publish = _uses(job, "pypa/gh-action-pypi-publish")[0]["with"]
         assert publish.get("attestations") is True
         assert publish.get("repository-url") == repository_url
+
+
+# --- the registries' addresses come from repository variables ------------------------
+
+# Which repository variables each workflow job reads; docs/release.md section 4 lists them.
+VARIABLES = {
+    ("publish.yml", "build"): {"TESTPYPI_REPOSITORY_URL", "TESTPYPI_BASE_URL", "PYPI_BASE_URL"},
+    ("publish.yml", "publish-testpypi"): {"TESTPYPI_REPOSITORY_URL"},
+    ("publish.yml", "receipt"): {"TESTPYPI_BASE_URL", "PYPI_BASE_URL"},
+    ("ci.yml", "test"): {"TORCH_CPU_INDEX_URL"},
+}
+
+
+def test_workflows_read_exactly_the_documented_repository_variables():
+    used = {}
+    for path in sorted(WORKFLOWS.glob("*.yml")):
+        for name, job in _workflow(path.name)["jobs"].items():
+            if found := set(re.findall(r"\bvars\.(\w+)", yaml.safe_dump(job))):
+                used[(path.name, name)] = found
+    assert used == VARIABLES
+    section = (ROOT / "docs" / "release.md").read_text(encoding="utf-8").split("## 4.")[1]
+    documented = set(re.findall(r"^\| `([A-Z][A-Z0-9_]+)` \|", section.split("## 5.")[0], re.M))
+    assert documented == set().union(*VARIABLES.values())
+
+
+def _run_step(step: dict, env: dict[str, str], cwd: Path = ROOT) -> tuple[int, str]:
+    """Run a workflow step's shell with ``env`` standing in for its ``env:`` expressions."""
+    assert set(step.get("env", {})) >= set(env), "the test sets a variable the step lacks"
+    done = subprocess.run(
+        ["bash", "-e", "-c", step["run"]],
+        cwd=cwd,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def _variables_step() -> dict:
+    steps = _steps(_workflow("publish.yml")["jobs"]["build"])
+    names = [step.get("id") for step in steps]
+    assert names.index("variables") == names.index("target") + 1  # before any build
+    return steps[names.index("variables")]
+
+
+GOOD_VALUES = {
+    "TESTPYPI_REPOSITORY_URL": "https://upload.example.org/legacy/",
+    "TESTPYPI_BASE_URL": "https://test-index.example.org",
+    "PYPI_BASE_URL": "https://index.example.org",
+}
+
+
+@pytest.mark.parametrize(
+    ("index", "required"),
+    [("testpypi", ["TESTPYPI_REPOSITORY_URL", "TESTPYPI_BASE_URL"]), ("pypi", ["PYPI_BASE_URL"])],
+)
+def test_the_build_job_refuses_an_index_whose_variables_are_empty(index, required):
+    step = _variables_step()
+    assert {f"${{{{ vars.{name} }}}}" for name in GOOD_VALUES} <= set(step["env"].values())
+    empty = dict.fromkeys(GOOD_VALUES, "")
+    returncode, output = _run_step(step, {"INDEX": index, **empty})
+    assert returncode == 1
+    for name in required:
+        assert f"repository variable {name} is empty" in output
+    assert output.count("is empty") == len(required)  # only what this index needs
+    # The other index's variables are not needed.
+    only_required = {**empty, **{name: GOOD_VALUES[name] for name in required}}
+    assert _run_step(step, {"INDEX": index, **only_required}) == (0, "")
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("TESTPYPI_BASE_URL", "test-index.example.org", "must start with https://"),
+        (
+            "TESTPYPI_REPOSITORY_URL",
+            "http://upload.example.org/legacy/",
+            "must start with https://",
+        ),
+        ("TESTPYPI_REPOSITORY_URL", "https://upload.example.org/", "must be the legacy upload"),
+    ],
+)
+def test_the_build_job_refuses_a_malformed_variable(name, value, message):
+    env = {"INDEX": "testpypi", **GOOD_VALUES, name: value}
+    returncode, output = _run_step(_variables_step(), env)
+    assert returncode == 1 and f"repository variable {name}=" in output and message in output
+
+
+def _receipt_script() -> str:
+    receipt = _workflow("publish.yml")["jobs"]["receipt"]
+    return re.search(r"python - <<'PY'\n(.*?)\nPY", _run_text(receipt), re.DOTALL).group(1)
+
+
+@pytest.mark.parametrize(
+    ("index", "variable"), [("pypi", "PYPI_BASE_URL"), ("testpypi", "TESTPYPI_BASE_URL")]
+)
+def test_the_receipt_job_names_an_empty_index_variable(tmp_path: Path, index, variable):
+    step = next(
+        s
+        for s in _steps(_workflow("publish.yml")["jobs"]["receipt"])
+        if "python -" in s.get("run", "")
+    )
+    assert step["env"][variable] == f"${{{{ vars.{variable} }}}}"
+    env = {**os.environ, **GOOD_VALUES, "INDEX": index, variable: ""}
+    done = subprocess.run(
+        [sys.executable, "-c", _receipt_script()],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1
+    assert f"repository variable {variable} is empty" in done.stderr
+
+
+def test_ci_takes_the_torch_index_from_a_repository_variable_and_checks_it():
+    test = _workflow("ci.yml")["jobs"]["test"]
+    assert test["env"]["PIP_EXTRA_INDEX_URL"] == "${{ vars.TORCH_CPU_INDEX_URL }}"
+    check = _steps(test)[0]  # before anything installs
+    assert check["env"]["TORCH_CPU_INDEX_URL"] == "${{ vars.TORCH_CPU_INDEX_URL }}"
+    fork = {"HEAD_REPOSITORY": "someone/fork", "REPOSITORY": "owner/repo"}
+    returncode, output = _run_step(check, {"TORCH_CPU_INDEX_URL": "", **fork})
+    assert returncode == 1
+    assert "repository variable TORCH_CPU_INDEX_URL is empty" in output
+    assert "pull requests from forks" in output
+    same = {"HEAD_REPOSITORY": "", "REPOSITORY": "owner/repo"}  # a push
+    returncode, output = _run_step(check, {"TORCH_CPU_INDEX_URL": "", **same})
+    assert returncode == 1 and "is empty" in output and "forks" not in output
+    returncode, output = _run_step(check, {"TORCH_CPU_INDEX_URL": "index.example.org", **same})
+    assert returncode == 1 and "must start with https://" in output
+    env = {"TORCH_CPU_INDEX_URL": "https://index.example.org/whl/cpu", **same}
+    assert _run_step(check, env) == (0, "")
 
 
 def _choose_index(tmp_path: Path, event: str, choice: str) -> tuple[int, str]:
@@ -254,7 +387,7 @@ def test_receipt_job_follows_publishing_and_uploads_the_receipt():
     assert set(receipt["needs"]) == {"build", "publish-testpypi", "publish-pypi"}
     uploads = [step["with"]["name"] for step in _uses(receipt, "actions/upload-artifact")]
     assert uploads == ["release-receipt"]
-    script = re.search(r"python - <<'PY'\n(.*?)\nPY", _run_text(receipt), re.DOTALL).group(1)
+    script = _receipt_script()
     compile(script, "publish.yml:receipt", "exec")  # a syntax error would only show on release day
     assert "/integrity/" in script and '["sha256"]' in script
 
