@@ -244,10 +244,11 @@ def test_without_callable_tools_everything_is_content(tokenizer, request_fields)
         (
             "<tool_call>get_weather stray<arg_key>city</arg_key><arg_value>Paris</arg_value>"
             "</tool_call>",
-            Parsed(
-                "<tool_call>get_weather stray<arg_key>city</arg_key><arg_value>Paris</arg_value>"
-                "</tool_call>"
-            ),
+            Parsed(" stray", [("get_weather", '{"city":"Paris"}')]),
+        ),
+        (
+            "<tool_call>get weather<arg_key>city</arg_key></tool_call>",
+            Parsed("<tool_call>get weather<arg_key>city</arg_key></tool_call>"),
         ),
         (
             "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
@@ -282,7 +283,8 @@ def test_without_callable_tools_everything_is_content(tokenizer, request_fields)
         "unclosed-call",
         "value-cut-by-call-end",
         "text-between-key-and-value",
-        "text-in-name",
+        "text-after-name",
+        "space-in-name",
         "stray-value-duplicate-and-blank-keys",
         "new-call-inside-key",
         "new-call-after-name",

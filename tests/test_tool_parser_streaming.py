@@ -176,7 +176,7 @@ def test_calls_stream_as_soon_as_name_and_each_pair_are_complete(tokenizer):
     assert "".join(value for _, value in content) == "Sure.\n"
     assert content[0] == (1, "S")  # content streams at once
     assert [entry for entry in seen if entry[1] != "content"] == [
-        (end_of("<arg_key>"), "name", "get_weather"),
+        (end_of("get_weather") + 1, "name", "get_weather"),  # at the newline
         (end_of("</arg_value>"), "arguments", '{"city":"Paris"'),
         (end_of("</arg_value>", 2), "arguments", ',"days":3'),
         (len(text), "arguments", "}"),

@@ -85,6 +85,7 @@ _JSON_TYPE_NAMES = {
 _INTEGER = re.compile(r"[-+]?\d+")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 _NO_MATCH = object()
+_WHITESPACE = re.compile(r"\s")
 
 
 def _compact_json(value: Any) -> str:
@@ -286,14 +287,31 @@ class _Scanner:
             self._pieces.append(text)
             if not text.isspace():
                 self._abandon_pair(stray_run=True)
-        else:  # "name" or "key"
+        elif state == "name":
+            self._name_text(text)
+        else:  # "key"
             self._pieces.append(text)
             self._identifier_chars += len(text)
             if self._identifier_chars > MAX_IDENTIFIER_CHARS:
-                if state == "name":
-                    self._reject_block()
-                else:
-                    self._abandon_pair(stray_run=True)
+                self._abandon_pair(stray_run=True)
+
+    def _name_text(self, text: str) -> None:
+        """A name ends at whitespace (names have none) or at the next tag, so the
+        newline form announces its call one character after the name."""
+        start = 0
+        if not self._identifier_chars:  # skip whitespace before the name
+            start = len(text) - len(text.lstrip())
+        end = _WHITESPACE.search(text, start) if start < len(text) else None
+        if end is None:
+            self._pieces.append(text)
+            self._identifier_chars += len(text) - start
+            if self._identifier_chars > MAX_IDENTIFIER_CHARS:
+                self._reject_block()
+            return
+        self._pieces.append(text[: end.start()])
+        if not self._open_call("".join(self._pieces[1:]).strip()):
+            self._reject_block()
+        self._text(text[end.start() :])
 
     def _tag(self, tag: str) -> None:
         state = self._state
@@ -303,7 +321,8 @@ class _Scanner:
             else:
                 self.content.append(tag)
         elif state == "name":
-            if tag in (ARG_KEY_START, TOOL_CALL_END) and self._open_call():
+            name = "".join(self._pieces[1:]).strip()
+            if tag in (ARG_KEY_START, TOOL_CALL_END) and self._open_call(name):
                 self._tag(tag)
             else:
                 self._reject_block()
@@ -348,8 +367,7 @@ class _Scanner:
         self._pieces = []
         self._state = "content"
 
-    def _open_call(self) -> bool:
-        name = "".join(self._pieces[1:]).strip()
+    def _open_call(self, name: str) -> bool:
         if not name or not compat.find_tool_name(self._tools, name):
             return False
         self.events.append((self._calls, name, ""))
