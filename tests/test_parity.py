@@ -57,7 +57,8 @@ def test_float32_greedy_tokens_and_logprobs_match_the_reference(matrix, name):
         assert prompt["tokens_match"], (
             f"prompt of {prompt['prompt_len']} tokens diverges at new token "
             f"{prompt['first_mismatch']}: vLLM {prompt['vllm_tokens']} "
-            f"vs reference {prompt['reference_tokens']}"
+            f"vs reference {prompt['reference_tokens']} (closest greedy tie in the "
+            f"reference: {prompt['min_greedy_margin']:.1e})"
         )
     assert case["max_abs_logprob_diff"] <= parity.FP32_LOGPROB_TOLERANCE
 
