@@ -16,20 +16,12 @@ from vllm_spark2_5_plugin.testing.server import VllmServer
 
 pytestmark = pytest.mark.serve
 
-SERVE_ARGS = [
-    "--max-model-len",
-    "1024",
-    "--enable-auto-tool-choice",
-    "--tool-call-parser",
-    "spark25",
-]
-
 
 @pytest.fixture(scope="module")
 def server(spark_chat_model, tmp_path_factory):
     log = tmp_path_factory.mktemp("e2e") / "serve.log"
     env = clean_env(SPARK2_5_PLUGIN_ENABLE="1")
-    with VllmServer(spark_chat_model, SERVE_ARGS, env=env, log_path=log) as running:
+    with VllmServer(spark_chat_model, fixture.SERVE_ARGS, env=env, log_path=log) as running:
         yield running
 
 

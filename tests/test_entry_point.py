@@ -17,17 +17,18 @@ from conftest import clean_env
 
 from vllm_spark2_5_plugin._gate import BUNDLE_ID, ENABLE_ENV, ENABLED_BUNDLES_ENVS, OVERRIDE_ENV
 
-HEAVY_MODULES = ("vllm", "torch", "transformers")
 LOAD_LINE = "vllm-spark2_5-plugin loaded ("
 
 
-def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+def run_python(code: str, cwd=None, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter with only the given carrier switches set."""
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=clean_env(**env),
         capture_output=True,
         text=True,
         timeout=300,
+        cwd=cwd,
         check=False,
     )
 
@@ -60,15 +61,8 @@ DISABLED_PROBE = """
 @pytest.mark.parametrize("gate", [None, "0", "true"])
 def test_disabled_register_imports_nothing_heavy_and_writes_nothing(gate, tmp_path):
     env = {} if gate is None else {ENABLE_ENV: gate}
-    result = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(DISABLED_PROBE)],
-        env=clean_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        check=True,
-    )
+    result = run_python(DISABLED_PROBE, cwd=tmp_path, **env)
+    assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
     # Only the gate module may be imported before the gate opens.
     assert report["loaded"] == ["vllm_spark2_5_plugin._gate"]

@@ -18,14 +18,6 @@ import openai
 from vllm_spark2_5_plugin.testing import fixture
 from vllm_spark2_5_plugin.testing.server import VllmServer
 
-SERVE_ARGS = [
-    "--max-model-len",
-    "1024",
-    "--enable-auto-tool-choice",
-    "--tool-call-parser",
-    "spark25",
-]
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -35,7 +27,9 @@ def main() -> None:
 
     model = args.model or fixture.build_fixture()
     log = args.log or Path(tempfile.mkdtemp(prefix="spark2_5-demo-")) / "serve.log"
-    server = VllmServer(model, SERVE_ARGS, env={"SPARK2_5_PLUGIN_ENABLE": "1"}, log_path=log)
+    server = VllmServer(
+        model, fixture.SERVE_ARGS, env={"SPARK2_5_PLUGIN_ENABLE": "1"}, log_path=log
+    )
     print("$ SPARK2_5_PLUGIN_ENABLE=1", " ".join(server.command), flush=True)
     with server:
         for line in server.log().splitlines():

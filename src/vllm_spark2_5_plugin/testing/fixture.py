@@ -160,6 +160,14 @@ FIXTURE_CONFIG_OVERRIDES: dict[str, Any] = {
     "sliding_window": 32,
     "max_position_embeddings": 4096,
 }
+# How the tests and the demo serve the fixture (its prompts need more than 512 tokens).
+SERVE_ARGS = (
+    "--max-model-len",
+    "1024",
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "spark25",
+)
 SEED = 20261129
 MAX_STEPS = 1500
 LEARNING_RATE = 3e-3
