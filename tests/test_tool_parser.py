@@ -173,6 +173,14 @@ def test_values_follow_the_declared_schema_type(key, raw, expected):
     assert value == expected and type(value) is type(expected)
 
 
+@pytest.mark.parametrize(
+    "schema",
+    [None, "string", [], {"type": 7}, {"type": [None, "integer"]}, {"enum": "ab"}, {"anyOf": 3}],
+)
+def test_malformed_schemas_do_not_break_conversion(schema):
+    assert convert_value(" 5 ", schema) in (" 5 ", 5)
+
+
 def test_typed_arguments_end_to_end(tokenizer, request_with_tools):
     pairs = [("count", "2"), ("maybe_count", "null"), ("maybe_text", "null"), ("text", "null")]
     text = (

@@ -170,12 +170,14 @@ def schema_types(schema: Any) -> set[str]:
         types = set()
     if schema.get("nullable") is True:
         types.add("null")
-    values = list(schema.get("enum") or ())
+    enum = schema.get("enum")
+    values = list(enum) if isinstance(enum, list) else []
     if "const" in schema:
         values.append(schema["const"])
     types.update(_JSON_TYPE_NAMES.get(type(value), "string") for value in values)
     for keyword in ("anyOf", "oneOf", "allOf"):
-        for branch in schema.get(keyword) or ():
+        branches = schema.get(keyword)
+        for branch in branches if isinstance(branches, list) else ():
             types |= schema_types(branch)
     return types
 
@@ -236,6 +238,9 @@ class _Scanner:
     # -- input ---------------------------------------------------------------
 
     def feed(self, text: str) -> None:
+        if self._state == "content" and not self._held and "<" not in text:
+            self.content.append(text)  # the common case, kept cheap: plain text
+            return
         if self._held:
             text = self._held + text
             self._held = ""
