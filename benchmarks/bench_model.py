@@ -1,0 +1,500 @@
+"""Spark2_5 model cost on real vLLM (CPU): throughput against in-tree Llama, and memory.
+
+Throughput: offline ``LLM.generate`` over a batch of random-token prompts with a
+fixed output length (``ignore_eos``), the Spark2_5 carrier on a random
+checkpoint against an in-tree model of identical dimensions (hidden, layers,
+heads, KV heads, head_dim, intermediate, vocab) and the same layer_types and
+sliding window, ``LlamaForCausalLM``, same dtype and engine settings. Llama's
+MLP is SiLU where Spark2_5's is exact GELU, it has no head-wise output gate and
+one RoPE for all layers; the rest is the same work. (Gemma v1 has the same
+exact-GELU MLP but no sliding window, so its KV cache is one group where both
+hybrid models have two; in a trial it ran ~9% faster than the Llama baseline
+too, so it would not isolate the carrier's cost.) Both engines stay loaded in
+their own processes and the runs alternate (A B, B A, ...); medians are
+compared, by wall clock and by the engine process's CPU time.
+
+Memory: peak and resident RSS, RoPE cache bytes and KV-cache capacity of the
+carrier when ``config.json`` says ``max_position_embeddings`` 1,048,576 versus
+8,192 at the same ``--max-model-len``, and of the seed plugin's behaviour, which
+builds the cos/sin cache over ``max_position_embeddings``. The seed behaviour is
+reproduced on the carrier itself, in the measuring process only, by making its
+RoPE constructor receive ``max_position_embeddings`` instead of
+``max_model_len``; the rest of the model is unchanged.
+
+    python benchmarks/bench_model.py [--quick] [--out PATH.json]
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import resource
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common import CPU_ENGINE_ENV, SMALL_SPARK_DIMS, Record, base_parser, spread, table
+
+MEMORY_DIMS = {
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "intermediate_size": 512,
+}
+ONE_MEBI_POSITIONS = 1_048_576
+EIGHT_KIBI_POSITIONS = 8_192
+MEMORY_MAX_MODEL_LEN = 4096
+# The byte tokens of the tiny tokenizer: ordinary text, no special tokens.
+PROMPT_TOKEN_RANGE = (17, 273)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    layer_types: list[str]
+    sliding_window: int
+    batch: int
+    prompt_len: int
+    output_len: int
+    max_model_len: int
+
+    @classmethod
+    def for_mode(cls, quick: bool) -> list[Scenario]:
+        layers = SMALL_SPARK_DIMS["num_hidden_layers"]
+        hybrid = [
+            "full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(layers)
+        ]
+        sliding_heavy = ["sliding_attention"] * (layers - 1) + ["full_attention"]
+        return [
+            cls(
+                "decode, 4B layer mix (3 sliding : 1 full), window 512",
+                hybrid,
+                512,
+                batch=32,
+                prompt_len=64,
+                output_len=64 if quick else 128,
+                max_model_len=512,
+            ),
+            cls(
+                "long prompts, sliding-heavy (7 sliding : 1 full), window 128",
+                sliding_heavy,
+                128,
+                batch=32,
+                prompt_len=512 if quick else 1024,
+                output_len=32,
+                max_model_len=2048,
+            ),
+        ]
+
+
+@dataclass
+class EngineSpec:
+    """One vLLM engine to start in its own process."""
+
+    model: str
+    max_model_len: int
+    dtype: str
+    threads: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+    # Reproduce the seed: RoPE cos/sin cache over this many positions.
+    rope_positions: int | None = None
+
+
+def _engine_process(conn: Any, spec: EngineSpec) -> None:
+    """Own one ``LLM`` and answer the parent's commands until told to stop."""
+    os.environ.update(CPU_ENGINE_ENV)
+    os.environ.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "SPARK2_5_PLUGIN_ENABLE": "1"})
+    os.environ["OMP_NUM_THREADS"] = str(spec.threads)
+    os.environ.update(spec.env)
+    if spec.rope_positions is not None:
+        _build_rope_over(spec.rope_positions)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    started = time.perf_counter()
+    llm = LLM(
+        model=spec.model,
+        dtype=spec.dtype,
+        max_model_len=spec.max_model_len,
+        enforce_eager=True,
+        # Every timed run must prefill its prompts, not find them cached.
+        enable_prefix_caching=False,
+        seed=0,
+    )
+    conn.send({"init_s": time.perf_counter() - started})
+    while True:
+        command, payload = conn.recv()
+        if command == "stop":
+            conn.close()
+            return
+        if command == "generate":
+            prompts = [TokensPrompt(prompt_token_ids=ids) for ids in payload["prompts"]]
+            params = SamplingParams(
+                max_tokens=payload["output_len"],
+                ignore_eos=True,
+                temperature=0.0,
+                detokenize=False,
+            )
+            started, cpu_started = time.perf_counter(), time.process_time()
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            conn.send(
+                {
+                    "elapsed_s": time.perf_counter() - started,
+                    "cpu_s": time.process_time() - cpu_started,
+                    "output_tokens": sum(len(out.outputs[0].token_ids) for out in outputs),
+                }
+            )
+        elif command == "memory":
+            conn.send(_memory_figures(llm))
+
+
+def _build_rope_over(positions: int) -> None:
+    """Make the carrier's RoPE cache cover ``positions`` rows, as the seed plugin did."""
+    from vllm_spark2_5_plugin import compat
+
+    build_rope = compat.get_rope
+
+    def rope_over_max_positions(head_size, max_position, rope_theta, partial_rotary_factor):
+        return build_rope(head_size, positions, rope_theta, partial_rotary_factor)
+
+    compat.get_rope = rope_over_max_positions
+
+
+def _rope_cache_bytes(model: Any) -> int:
+    caches = {
+        id(buf): buf.numel() * buf.element_size()
+        for name, buf in model.named_buffers(remove_duplicate=False)
+        if name.endswith("cos_sin_cache")
+    }
+    return sum(caches.values())
+
+
+def _memory_figures(llm: Any) -> dict[str, Any]:
+    status = Path("/proc/self/status").read_text().splitlines()
+    kib = {line.split(":")[0]: int(line.split()[1]) for line in status if line.startswith("Vm")}
+    cache_config = llm.llm_engine.vllm_config.cache_config
+    return {
+        "peak_rss_mib": kib.get("VmHWM", 0) / 1024,
+        "rss_mib": kib.get("VmRSS", 0) / 1024,
+        "ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rope_cache_mib": llm.apply_model(_rope_cache_bytes)[0] / 2**20,
+        "kv_cache_blocks": cache_config.num_gpu_blocks,
+        # Group-aware: what vLLM logs as "KV cache size: N tokens".
+        "kv_cache_tokens": cache_config.kv_cache_size_tokens,
+    }
+
+
+class Engine:
+    """Parent-side handle of an engine process."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child_conn = context.Pipe()
+        self.process = context.Process(target=_engine_process, args=(child_conn, spec))
+        self.process.start()
+        child_conn.close()
+        self.init_s = self._receive()["init_s"]
+
+    def _receive(self) -> dict[str, Any]:
+        try:
+            return self.conn.recv()
+        except EOFError:
+            self.process.join()
+            raise RuntimeError(
+                f"the engine process exited with {self.process.exitcode}; its log is above"
+            ) from None
+
+    def ask(self, command: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        self.conn.send((command, payload))
+        return self._receive()
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.conn.send(("stop", None))
+            self.process.join(timeout=60)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _prompts(batch: int, length: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(*PROMPT_TOKEN_RANGE) for _ in range(length)] for _ in range(batch)]
+
+
+def _build_models(workdir: Path, scenario: Scenario) -> dict[str, Path]:
+    from vllm_spark2_5_plugin.testing.checkpoints import (
+        build_llama_checkpoint,
+        build_spark2_5_checkpoint,
+    )
+
+    shared = {**SMALL_SPARK_DIMS, "layer_types": scenario.layer_types}
+    # Untied like the Llama builder writes it; tying changes memory, not work.
+    paths = {
+        "spark2_5": build_spark2_5_checkpoint(
+            workdir / "spark2_5",
+            seed=0,
+            sliding_window=scenario.sliding_window,
+            tie_word_embeddings=False,
+            **shared,
+        )
+    }
+    llama = build_llama_checkpoint(
+        workdir / "llama", seed=0, sliding_window=scenario.sliding_window, **shared
+    )
+    # Without `architectures` vLLM resolves the bare config to LlamaModel, a
+    # pooling model; the comparison needs the causal LM.
+    config_path = llama / "config.json"
+    config = json.loads(config_path.read_text())
+    config["architectures"] = ["LlamaForCausalLM"]
+    config_path.write_text(json.dumps(config, indent=2))
+    paths["llama"] = llama
+    return paths
+
+
+def run_throughput(scenario: Scenario, rounds: int, dtype: str, threads: int) -> dict[str, Any]:
+    print(f"\n== throughput: {scenario.name}", flush=True)
+    names = ("spark2_5", "llama")
+    # Per model: output tokens per wall second, and per CPU second of the
+    # engine process (robust to other jobs time-slicing the same cores).
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp, ExitStack() as stack:
+        paths = _build_models(Path(tmp), scenario)
+        engines = {
+            name: stack.enter_context(
+                Engine(EngineSpec(str(paths[name]), scenario.max_model_len, dtype, threads))
+            )
+            for name in names
+        }
+        request = {
+            "prompts": _prompts(scenario.batch, scenario.prompt_len, seed=1),
+            "output_len": scenario.output_len,
+        }
+        warmup = {"prompts": request["prompts"][:4], "output_len": 4}
+        for engine in engines.values():
+            engine.ask("generate", warmup)
+        for index in range(rounds):
+            # Rotate who goes first so no model always follows the same one.
+            order = names[index % len(names) :] + names[: index % len(names)]
+            for name in order:
+                result = engines[name].ask("generate", request)
+                wall[name].append(result["output_tokens"] / result["elapsed_s"])
+                cpu[name].append(result["output_tokens"] / result["cpu_s"])
+                print(
+                    f"  {name:9s} {wall[name][-1]:8.1f} output tok/s "
+                    f"({cpu[name][-1]:8.1f} per CPU second)",
+                    flush=True,
+                )
+        init_s = {name: engine.init_s for name, engine in engines.items()}
+    return {
+        "scenario": asdict(scenario),
+        "output_tokens_per_run": scenario.batch * scenario.output_len,
+        "output_tok_s": {
+            "wall": {name: spread(values) for name, values in wall.items()},
+            "cpu": {name: spread(values) for name, values in cpu.items()},
+        },
+        "ratio_spark2_5_to_llama": {
+            "wall": _ratio(wall["spark2_5"], wall["llama"]),
+            "cpu": _ratio(cpu["spark2_5"], cpu["llama"]),
+        },
+        "engine_init_s": init_s,
+    }
+
+
+def _ratio(spark: list[float], baseline: list[float]) -> dict[str, Any]:
+    """Spark2_5 over the baseline: of the medians, and the median of same-round ratios."""
+    same_round = [s / b for s, b in zip(spark, baseline, strict=True)]
+    return {
+        "of_medians": spread(spark)["median"] / spread(baseline)["median"],
+        "same_round": spread(same_round),
+    }
+
+
+def run_memory(repeats: int, dtype: str, threads: int) -> dict[str, Any]:
+    print("\n== memory: max_position_embeddings 1M vs 8K at the same max_model_len", flush=True)
+    variants = {
+        "carrier, max_position_embeddings 8192": (EIGHT_KIBI_POSITIONS, None),
+        "carrier, max_position_embeddings 1048576": (ONE_MEBI_POSITIONS, None),
+        "seed behaviour (RoPE cache over max_position_embeddings), 1048576": (
+            ONE_MEBI_POSITIONS,
+            ONE_MEBI_POSITIONS,
+        ),
+    }
+    from vllm_spark2_5_plugin.testing.checkpoints import build_spark2_5_checkpoint
+
+    samples: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        paths = {
+            positions: build_spark2_5_checkpoint(
+                Path(tmp) / f"mpe-{positions}",
+                seed=0,
+                max_position_embeddings=positions,
+                **MEMORY_DIMS,
+            )
+            for positions in (EIGHT_KIBI_POSITIONS, ONE_MEBI_POSITIONS)
+        }
+        for index in range(repeats):
+            names = list(variants) if index % 2 == 0 else list(reversed(variants))
+            for name in names:
+                positions, rope_positions = variants[name]
+                spec = EngineSpec(
+                    str(paths[positions]),
+                    MEMORY_MAX_MODEL_LEN,
+                    dtype,
+                    threads,
+                    rope_positions=rope_positions,
+                )
+                with Engine(spec) as engine:
+                    engine.ask("generate", {"prompts": _prompts(4, 32, seed=2), "output_len": 8})
+                    figures = engine.ask("memory")
+                samples[name].append(figures)
+                print(
+                    f"  {name}: peak RSS {figures['peak_rss_mib']:.0f} MiB, "
+                    f"RoPE cache {figures['rope_cache_mib']:.1f} MiB, "
+                    f"KV {figures['kv_cache_tokens']} tokens",
+                    flush=True,
+                )
+    summary = {
+        name: {key: spread([s[key] for s in runs]) for key in runs[0]}
+        for name, runs in samples.items()
+    }
+    baseline = summary["carrier, max_position_embeddings 8192"]
+    for figures in summary.values():
+        figures["peak_rss_delta_mib"] = (
+            figures["peak_rss_mib"]["median"] - baseline["peak_rss_mib"]["median"]
+        )
+        figures["rss_delta_mib"] = figures["rss_mib"]["median"] - baseline["rss_mib"]["median"]
+    return {
+        "dims": MEMORY_DIMS,
+        "max_model_len": MEMORY_MAX_MODEL_LEN,
+        "variants": summary,
+    }
+
+
+def main() -> int:
+    parser = base_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument(
+        "--rounds", type=int, help="rounds per scenario, each running every model once"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="OpenMP threads per engine (default 1: on a shared 2-core machine a 2-thread "
+        "team waits at every op for a descheduled thread, which swamps the comparison)",
+    )
+    parser.add_argument(
+        "--only", choices=("throughput", "memory"), help="run one part (default: both)"
+    )
+    args = parser.parse_args()
+    rounds = args.rounds or (3 if args.quick else 7)
+    memory_repeats = 1 if args.quick else 3
+    record = Record(
+        "model",
+        {
+            "dtype": args.dtype,
+            "omp_threads_per_engine": args.threads,
+            "rounds": rounds,
+            "memory_repeats": memory_repeats,
+            "throughput_dims": SMALL_SPARK_DIMS,
+            "vocab_size": "320 (the tiny tokenizer's checkpoints, both models)",
+            "baseline": "in-tree LlamaForCausalLM, identical dims, layer_types and window; "
+            "SiLU MLP, no output gate, one RoPE",
+            "engine": "offline LLM.generate, enforce_eager, in-process engine, "
+            "VLLM_CPU_KVCACHE_SPACE=1",
+        },
+    )
+    results = record.data["results"]
+    if args.only in (None, "throughput"):
+        results["throughput"] = [
+            run_throughput(scenario, rounds, args.dtype, args.threads)
+            for scenario in Scenario.for_mode(args.quick)
+        ]
+    if args.only in (None, "memory"):
+        results["memory"] = run_memory(memory_repeats, args.dtype, args.threads)
+    print_report(results)
+    record.finish(args.out)
+    return 0
+
+
+def print_report(results: dict[str, Any]) -> None:
+    if "throughput" in results:
+        print("\nOutput tok/s, medians of rounds (min-max); ratio = Spark2_5 / Llama:")
+        rows = []
+        for item in results["throughput"]:
+            for clock, label in (("wall", "per wall second"), ("cpu", "per engine CPU second")):
+                rates = item["output_tok_s"][clock]
+                spark, llama = rates["spark2_5"], rates["llama"]
+                ratio = item["ratio_spark2_5_to_llama"][clock]
+                rows.append(
+                    (
+                        item["scenario"]["name"],
+                        label,
+                        f"{spark['median']:.1f} ({spark['min']:.0f}-{spark['max']:.0f})",
+                        f"{llama['median']:.1f} ({llama['min']:.0f}-{llama['max']:.0f})",
+                        f"{ratio['of_medians']:.3f}",
+                        f"{ratio['same_round']['median']:.3f}",
+                    )
+                )
+        print(
+            table(
+                (
+                    "scenario",
+                    "clock",
+                    "Spark2_5",
+                    "Llama (in-tree)",
+                    "ratio",
+                    "median same-round ratio",
+                ),
+                rows,
+            )
+        )
+    if "memory" in results:
+        memory = results["memory"]
+        print(f"\nMemory at max_model_len {memory['max_model_len']} (medians):")
+        rows = [
+            (
+                name,
+                f"{fig['peak_rss_mib']['median']:.0f}",
+                f"{fig['peak_rss_delta_mib']:+.0f}",
+                f"{fig['rss_mib']['median']:.0f}",
+                f"{fig['rss_delta_mib']:+.0f}",
+                f"{fig['rope_cache_mib']['median']:.2f}",
+                f"{fig['kv_cache_tokens']['median']:,.0f}",
+            )
+            for name, fig in memory["variants"].items()
+        ]
+        print(
+            table(
+                (
+                    "variant",
+                    "peak RSS MiB",
+                    "Δ peak",
+                    "RSS MiB",
+                    "Δ RSS",
+                    "RoPE cache MiB",
+                    "KV tokens",
+                ),
+                rows,
+            )
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
