@@ -24,6 +24,7 @@ import pytest
 from bundle_support import (
     PROJECT_ROOT,
     fake_host_distribution,
+    manifest_source,
     our_bundles,
     pyproject,
     with_status,
@@ -51,6 +52,16 @@ def run(argv, env, **kwargs) -> subprocess.CompletedProcess[str]:
 def spark_bundle():
     (found,) = [item for item in our_bundles() if item.extension_id == _gate.BUNDLE_ID]
     return found
+
+
+@pytest.fixture
+def verified_host(tmp_path, monkeypatch):
+    """Launch checks see a verified vLLM whichever release runs the suite: the tests
+    using this are about what is injected; test_launch_follows_the_host_range checks
+    the range itself."""
+    (source,) = [b for b in manifest_source()["bundle"] if b["extension_id"] == _gate.BUNDLE_ID]
+    verified = source["host"]["verified_on"][0]
+    monkeypatch.syspath_prepend(str(fake_host_distribution(tmp_path / "host", "vllm", verified)))
 
 
 @pytest.fixture
@@ -253,6 +264,7 @@ def test_a_malformed_state_file_is_one_clear_error(spark_bundle, state_file):
         ("", "spark2_5"),  # set but empty: vLLM would load none
     ],
 )
+@pytest.mark.usefixtures("verified_host")
 def test_enable_injects_the_gate_the_bundle_list_and_extends_vllm_plugins(
     spark_bundle, allowed_plugins, expected
 ):
@@ -282,6 +294,7 @@ def test_the_real_manager_injects_the_same_environment(spark_bundle, state_file)
     assert "spark2_5" in plugins
 
 
+@pytest.mark.usefixtures("verified_host")
 def test_bundles_that_disagree_on_a_variable_cannot_be_enabled_together(spark_bundle):
     first = with_status(spark_bundle, "active")
     second = dataclasses.replace(
@@ -379,6 +392,7 @@ def test_launch_is_refused_when_the_host_is_not_installed(spark_bundle):
 
 
 @pytest.mark.serve
+@pytest.mark.usefixtures("verified_host")
 def test_vllm_serve_with_the_injected_environment_loads_the_carrier_enabled(
     spark_bundle, tiny_llama, tmp_path
 ):

@@ -17,7 +17,7 @@ from tool_parser_support import (
     chat_request,
     load_tokenizer,
     non_streaming,
-    register_spark25,
+    serving_parser_cls,
     split_at,
     stream_tool_parser,
 )
@@ -187,12 +187,7 @@ def test_special_token_deltas_through_vllms_serving_parser(tokenizer):
     """The serving layer's own ``Parser`` streams token by token (tags as single
     special tokens) and ends the stream with ``finished=True``: the held-back tail
     and an unclosed call are released exactly as the non-streaming path reports."""
-    from vllm.parser.parser_manager import ParserManager
-
-    register_spark25()
-    parser_cls = ParserManager.get_parser(
-        tool_parser_name="spark25", enable_auto_tools=True, tokenizer=tokenizer
-    )
+    parser_cls = serving_parser_cls(tokenizer)
     tail = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Pa"
     for text in [
         "Hi <tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>",

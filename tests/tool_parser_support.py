@@ -3,6 +3,7 @@ parser registry, and drivers that read a parser's output the way a client does."
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 from collections.abc import Iterable, Sequence
@@ -69,6 +70,28 @@ def register_spark25() -> None:
         _registration.TOOL_PARSER_NAME,
         _registration.TOOL_PARSER_MODULE,
         _registration.TOOL_PARSER_CLASS,
+    )
+
+
+def serving_parser_cls(tokenizer: Any, reasoning_parser: str | None = None) -> Any:
+    """vLLM's serving-layer ``Parser`` class around spark25, as ``vllm serve`` builds it.
+
+    ``tokenizer`` (checked against the composition at startup) is passed where
+    ``get_parser`` takes it; releases before 0.32 have no such check.
+    """
+    from vllm.parser.parser_manager import ParserManager
+
+    register_spark25()
+    validation = (
+        {"tokenizer": tokenizer}
+        if "tokenizer" in inspect.signature(ParserManager.get_parser).parameters
+        else {}
+    )
+    return ParserManager.get_parser(
+        tool_parser_name=_registration.TOOL_PARSER_NAME,
+        reasoning_parser_name=reasoning_parser,
+        enable_auto_tools=True,
+        **validation,
     )
 
 
