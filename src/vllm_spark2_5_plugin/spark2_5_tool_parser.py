@@ -23,8 +23,8 @@ What becomes of unusual output (``docs/tool-calling.md`` has it for users):
 
 * Nothing is a call when the request declares no tools or ``tool_choice`` is
   ``"none"``; the output is content, verbatim.
-* A block whose name is empty or not a declared tool is returned verbatim as
-  content.
+* A name ends at whitespace or at the next tag. A block whose name is empty or
+  not a declared tool is returned verbatim as content.
 * Markup that does not form a complete key/value pair inside a call (an
   unterminated pair, a key that repeats, stray text between tags) is returned
   as content, and the call keeps its complete pairs. A call that is never
@@ -530,6 +530,8 @@ class Spark25ToolParser(ToolParser):
 
     def _drain(self) -> Any:
         scanner = self._stream
+        if not scanner.content and not scanner.events:
+            return None  # inside a call, between pairs
         content = "".join(scanner.content)
         scanner.content.clear()
         if not scanner.events:
