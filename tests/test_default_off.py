@@ -8,7 +8,7 @@ import re
 import openai
 import pytest
 from conftest import clean_env
-from test_serve_load_line import load_lines_by_pid
+from test_serve_load_line import load_lines_by_pid, pid_logging_env
 
 from vllm_spark2_5_plugin._gate import BUNDLE_ID, ENABLE_ENV
 from vllm_spark2_5_plugin.testing.server import VllmServer, run_vllm_serve_expecting_failure
@@ -38,7 +38,9 @@ def greedy_completions(model, env, log_path) -> tuple[list[list[int]], str]:
 def disabled_and_excluded(tiny_llama, tmp_path_factory):
     logs = tmp_path_factory.mktemp("default-off")
     disabled = greedy_completions(
-        tiny_llama, clean_env(PYTHONPROFILEIMPORTTIME="1"), logs / "disabled.log"
+        tiny_llama,
+        clean_env(PYTHONPROFILEIMPORTTIME="1", **pid_logging_env(logs)),
+        logs / "disabled.log",
     )
     # The baseline: vLLM told to load no general plugin but a name that is not ours.
     excluded = greedy_completions(

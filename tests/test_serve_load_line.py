@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
+from pathlib import Path
 
 import openai
 import pytest
@@ -16,6 +18,32 @@ pytestmark = pytest.mark.serve
 
 PID = re.compile(r"\bpid=(\d+)\)")
 LOAD_LINE = "vllm-spark2_5-plugin loaded ("
+
+
+def pid_logging_env(directory: Path) -> dict[str, str]:
+    """vLLM's logging with every line naming its process. vLLM 0.32 prefixes each
+    process's lines itself; 0.27 does so only after a process has loaded its
+    plugins, so without this the early load lines could not be told apart."""
+    config = directory / "pid-logging.json"
+    config.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "disable_existing_loggers": False,
+                "formatters": {"pid": {"format": "(%(processName)s pid=%(process)d) %(message)s"}},
+                "handlers": {
+                    "pid": {
+                        "class": "logging.StreamHandler",
+                        "formatter": "pid",
+                        "stream": "ext://sys.stdout",
+                    }
+                },
+                "loggers": {"vllm": {"handlers": ["pid"], "level": "INFO", "propagate": False}},
+            }
+        ),
+        encoding="utf-8",
+    )
+    return {"VLLM_LOGGING_CONFIG_PATH": str(config)}
 
 
 def load_lines_by_pid(log: str) -> tuple[Counter, set[str], list[str]]:
@@ -42,7 +70,8 @@ def serve_and_chat(model, env, log_path) -> str:
 
 def test_every_vllm_process_logs_the_load_line_once(tiny_llama, tmp_path):
     """Enabled here; the disabled case is part of the default-off smoke."""
-    log = serve_and_chat(tiny_llama, clean_env(**{ENABLE_ENV: "1"}), tmp_path / "serve.log")
+    env = clean_env(**{ENABLE_ENV: "1"}, **pid_logging_env(tmp_path))
+    log = serve_and_chat(tiny_llama, env, tmp_path / "serve.log")
 
     per_pid, logging_pids, lines = load_lines_by_pid(log)
     # API server, engine core and worker all load general plugins.

@@ -152,11 +152,14 @@ def test_forced_tool_choice_returns_a_spark_call_streamed_or_not(client, tools, 
     finish_reason, content, calls = complete(client, **args)
     assert len(calls) == 1 and calls[0][0] in names, (finish_reason, content, calls)
     check_arguments(calls, tools)
-    # OpenAI reports a named call with "stop", a required one with "tool_calls".
-    assert finish_reason in (
-        {"stop", "length"} if tool_choice == NAMED else {"tool_calls", "length"}
-    )
-    assert stream(client, **args) == (finish_reason, content, calls)
+    # OpenAI reports a named call with "stop", a required one with "tool_calls";
+    # before 0.32 vLLM's non-streaming path may say "length" where the stream says
+    # "tool_calls" for the same tokens.
+    reasons = {"stop", "length"} if tool_choice == NAMED else {"tool_calls", "length"}
+    assert finish_reason in reasons
+    streamed_reason, *streamed = stream(client, **args)
+    assert streamed_reason in reasons
+    assert streamed == [content, calls]
 
 
 def test_auto_tool_choice_streams_what_it_returns(client):
