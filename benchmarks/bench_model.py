@@ -9,9 +9,11 @@ MLP is SiLU where Spark2_5's is exact GELU, it has no head-wise output gate and
 one RoPE for all layers; the rest is the same work. (Gemma v1 has the same
 exact-GELU MLP but no sliding window, so its KV cache is one group where both
 hybrid models have two; in a trial it ran ~9% faster than the Llama baseline
-too, so it would not isolate the carrier's cost.) Both engines stay loaded in
-their own processes and the runs alternate (A B, B A, ...); medians are
-compared, by wall clock and by the engine process's CPU time.
+too, so it would not isolate the carrier's cost.) A third engine runs the carrier
+with Llama's SiLU in its MLP (a benchmark-only patch): it splits the ratio into
+the exact GELU the model requires and the rest of the carrier. Every engine
+stays loaded in its own process and the runs rotate (A B C, B C A, ...);
+medians are compared, by wall clock and by the engine process's CPU time.
 
 Memory: peak and resident RSS, RoPE cache bytes and KV-cache capacity of the
 carrier when ``config.json`` says ``max_position_embeddings`` 1,048,576 versus
@@ -35,7 +37,7 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +51,13 @@ MEMORY_DIMS = {
     "head_dim": 256,
     "intermediate_size": 512,
 }
+SILU_VARIANT = "spark2_5 with SiLU MLP"
+# The headline, the carrier without the activation it must use, and that activation.
+RATIOS = (
+    ("spark2_5", "llama"),
+    (SILU_VARIANT, "llama"),
+    ("spark2_5", SILU_VARIANT),
+)
 ONE_MEBI_POSITIONS = 1_048_576
 EIGHT_KIBI_POSITIONS = 8_192
 MEMORY_MAX_MODEL_LEN = 4096
@@ -103,7 +112,8 @@ class EngineSpec:
     max_model_len: int
     dtype: str
     threads: int = 1
-    env: dict[str, str] = field(default_factory=dict)
+    # Diagnostic variant: the carrier with Llama's SiLU in its MLP.
+    silu_mlp: bool = False
     # Reproduce the seed: RoPE cos/sin cache over this many positions.
     rope_positions: int | None = None
 
@@ -113,7 +123,8 @@ def _engine_process(conn: Any, spec: EngineSpec) -> None:
     os.environ.update(CPU_ENGINE_ENV)
     os.environ.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "SPARK2_5_PLUGIN_ENABLE": "1"})
     os.environ["OMP_NUM_THREADS"] = str(spec.threads)
-    os.environ.update(spec.env)
+    if spec.silu_mlp:
+        _use_silu_mlp()
     if spec.rope_positions is not None:
         _build_rope_over(spec.rope_positions)
     from vllm import LLM, SamplingParams
@@ -154,6 +165,25 @@ def _engine_process(conn: Any, spec: EngineSpec) -> None:
             )
         elif command == "memory":
             conn.send(_memory_figures(llm))
+
+
+def _use_silu_mlp() -> None:
+    """Build the carrier's MLP with SiLU instead of exact GELU.
+
+    Not Spark2_5 any more: it separates the cost of the activation the model
+    requires from the rest of the carrier when compared with Llama.
+    """
+    from vllm.model_executor.layers.activation import SiluAndMul
+
+    from vllm_spark2_5_plugin import spark2_5
+
+    build_mlp = spark2_5.Spark2_5MLP.__init__
+
+    def build_silu_mlp(self, *args, **kwargs):
+        build_mlp(self, *args, **kwargs)
+        self.act_fn = SiluAndMul()
+
+    spark2_5.Spark2_5MLP.__init__ = build_silu_mlp
 
 
 def _build_rope_over(positions: int) -> None:
@@ -268,19 +298,21 @@ def _build_models(workdir: Path, scenario: Scenario) -> dict[str, Path]:
 
 def run_throughput(scenario: Scenario, rounds: int, dtype: str, threads: int) -> dict[str, Any]:
     print(f"\n== throughput: {scenario.name}", flush=True)
-    names = ("spark2_5", "llama")
+    names = ("spark2_5", SILU_VARIANT, "llama")
     # Per model: output tokens per wall second, and per CPU second of the
     # engine process (robust to other jobs time-slicing the same cores).
     wall: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp, ExitStack() as stack:
         paths = _build_models(Path(tmp), scenario)
-        engines = {
-            name: stack.enter_context(
-                Engine(EngineSpec(str(paths[name]), scenario.max_model_len, dtype, threads))
-            )
-            for name in names
+        specs = {
+            "spark2_5": EngineSpec(str(paths["spark2_5"]), scenario.max_model_len, dtype, threads),
+            SILU_VARIANT: EngineSpec(
+                str(paths["spark2_5"]), scenario.max_model_len, dtype, threads, silu_mlp=True
+            ),
+            "llama": EngineSpec(str(paths["llama"]), scenario.max_model_len, dtype, threads),
         }
+        engines = {name: stack.enter_context(Engine(specs[name])) for name in names}
         request = {
             "prompts": _prompts(scenario.batch, scenario.prompt_len, seed=1),
             "output_len": scenario.output_len,
@@ -296,7 +328,7 @@ def run_throughput(scenario: Scenario, rounds: int, dtype: str, threads: int) ->
                 wall[name].append(result["output_tokens"] / result["elapsed_s"])
                 cpu[name].append(result["output_tokens"] / result["cpu_s"])
                 print(
-                    f"  {name:9s} {wall[name][-1]:8.1f} output tok/s "
+                    f"  {name:22s} {wall[name][-1]:8.1f} output tok/s "
                     f"({cpu[name][-1]:8.1f} per CPU second)",
                     flush=True,
                 )
@@ -308,19 +340,22 @@ def run_throughput(scenario: Scenario, rounds: int, dtype: str, threads: int) ->
             "wall": {name: spread(values) for name, values in wall.items()},
             "cpu": {name: spread(values) for name, values in cpu.items()},
         },
-        "ratio_spark2_5_to_llama": {
-            "wall": _ratio(wall["spark2_5"], wall["llama"]),
-            "cpu": _ratio(cpu["spark2_5"], cpu["llama"]),
+        "ratios": {
+            f"{over} / {under}": {
+                "wall": _ratio(wall[over], wall[under]),
+                "cpu": _ratio(cpu[over], cpu[under]),
+            }
+            for over, under in RATIOS
         },
         "engine_init_s": init_s,
     }
 
 
-def _ratio(spark: list[float], baseline: list[float]) -> dict[str, Any]:
-    """Spark2_5 over the baseline: of the medians, and the median of same-round ratios."""
-    same_round = [s / b for s, b in zip(spark, baseline, strict=True)]
+def _ratio(over: list[float], under: list[float]) -> dict[str, Any]:
+    """Of the medians, and the median of the same-round ratios."""
+    same_round = [o / u for o, u in zip(over, under, strict=True)]
     return {
-        "of_medians": spread(spark)["median"] / spread(baseline)["median"],
+        "of_medians": spread(over)["median"] / spread(under)["median"],
         "same_round": spread(same_round),
     }
 
@@ -433,38 +468,40 @@ def main() -> int:
     return 0
 
 
+CLOCKS = {"wall": "per wall second", "cpu": "per engine CPU second"}
+
+
 def print_report(results: dict[str, Any]) -> None:
     if "throughput" in results:
-        print("\nOutput tok/s, medians of rounds (min-max); ratio = Spark2_5 / Llama:")
+        print("\nOutput tok/s, medians of rounds (min-max):")
         rows = []
         for item in results["throughput"]:
-            for clock, label in (("wall", "per wall second"), ("cpu", "per engine CPU second")):
-                rates = item["output_tok_s"][clock]
-                spark, llama = rates["spark2_5"], rates["llama"]
-                ratio = item["ratio_spark2_5_to_llama"][clock]
-                rows.append(
-                    (
-                        item["scenario"]["name"],
-                        label,
-                        f"{spark['median']:.1f} ({spark['min']:.0f}-{spark['max']:.0f})",
-                        f"{llama['median']:.1f} ({llama['min']:.0f}-{llama['max']:.0f})",
-                        f"{ratio['of_medians']:.3f}",
-                        f"{ratio['same_round']['median']:.3f}",
+            for clock in ("wall", "cpu"):
+                for name, rate in item["output_tok_s"][clock].items():
+                    rows.append(
+                        (
+                            item["scenario"]["name"],
+                            CLOCKS[clock],
+                            name,
+                            f"{rate['median']:.1f} ({rate['min']:.0f}-{rate['max']:.0f})",
+                        )
                     )
-                )
-        print(
-            table(
-                (
-                    "scenario",
-                    "clock",
-                    "Spark2_5",
-                    "Llama (in-tree)",
-                    "ratio",
-                    "median same-round ratio",
+        print(table(("scenario", "clock", "model", "output tok/s"), rows))
+        print("\nRatios (of medians; median of same-round ratios):")
+        rows = [
+            (
+                item["scenario"]["name"],
+                pair,
+                *(
+                    f"{ratios[clock]['of_medians']:.3f}; "
+                    f"{ratios[clock]['same_round']['median']:.3f}"
+                    for clock in ("wall", "cpu")
                 ),
-                rows,
             )
-        )
+            for item in results["throughput"]
+            for pair, ratios in item["ratios"].items()
+        ]
+        print(table(("scenario", "ratio", CLOCKS["wall"], CLOCKS["cpu"]), rows))
     if "memory" in results:
         memory = results["memory"]
         print(f"\nMemory at max_model_len {memory['max_model_len']} (medians):")
