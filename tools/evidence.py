@@ -5,9 +5,11 @@ Three parts, each a record in ``extensions/spark2_5/evidence/``:
 - ``default-off.json``: the default-off smoke and entry-point purity tests;
 - ``correctness.json``: the parity matrix against the reference, and the
   end-to-end tool-calling tests through ``vllm serve``;
-- ``perf-*.json``: the benchmark scripts' quick runs.
+- ``quick-perf-*.json``: the benchmark scripts' quick runs.
 
-Then ``README.md`` (the report, generated from the records) and ``SHA256SUMS``.
+Full benchmark runs (``perf-*.json``, written by the commands in
+``docs/benchmarks.md``) stay in the folder and are hashed with the rest. Then
+``README.md`` (the report, generated from the records) and ``SHA256SUMS``.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ PYTHON = sys.executable
 DEFAULT_OFF_TESTS = ["tests/test_default_off.py", "tests/test_entry_point.py"]
 E2E_TESTS = ["tests/test_e2e_serve.py"]
 BENCHMARKS = {
-    "perf-model.json": "benchmarks/bench_model.py",
-    "perf-carrier.json": "benchmarks/bench_carrier.py",
+    "quick-perf-model.json": "benchmarks/bench_model.py",
+    "quick-perf-carrier.json": "benchmarks/bench_carrier.py",
 }
+GENERATED = {"default-off.json", "correctness.json", *BENCHMARKS, "README.md", "SHA256SUMS"}
 
 
 def run(command: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
@@ -136,10 +139,20 @@ def report(env: dict, records: dict[str, dict]) -> str:
         f"passed, {e2e['failed']} failed | `correctness.json` |",
     ]
     for name, record in records.items():
-        if name.startswith("perf-"):
-            summary = record.get("summary", "see the record")
-            lines.append(f"| performance ({name}) | {summary} | `{name}` |")
-    lines += ["", "Check the archive with `sha256sum -c SHA256SUMS` in this folder.", ""]
+        if name in BENCHMARKS:
+            ran = verdict(record["exit_code"] == 0)
+            lines.append(
+                f"| performance, quick run | {ran}: `{record.get('command')}` | `{name}` |"
+            )
+    full_runs = sorted(p.name for p in EVIDENCE.glob("perf-*.json"))
+    lines += [
+        "",
+        "Full benchmark runs kept here, with their figures explained in "
+        "`docs/benchmarks.md`: " + (", ".join(f"`{n}`" for n in full_runs) or "none") + ".",
+        "",
+        "Check the archive with `sha256sum -c SHA256SUMS` in this folder.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -147,8 +160,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args()
     EVIDENCE.mkdir(parents=True, exist_ok=True)
-    for old in EVIDENCE.iterdir():
-        old.unlink()
+    for name in GENERATED:
+        (EVIDENCE / name).unlink(missing_ok=True)
 
     env = environment()
     records: dict[str, dict] = {}
