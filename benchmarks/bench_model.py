@@ -8,7 +8,7 @@ sliding window, ``LlamaForCausalLM``, same dtype and engine settings. Llama's
 MLP is SiLU where Spark2_5's is exact GELU, it has no head-wise output gate and
 one RoPE for all layers; the rest is the same work. (Gemma v1 has the same
 exact-GELU MLP but no sliding window, so its KV cache is one group where both
-hybrid models have two; in a trial it ran ~9% faster than the Llama baseline
+hybrid models have two; in a trial it ran ~10% faster than the Llama baseline
 too, so it would not isolate the carrier's cost.) A third engine runs the carrier
 with Llama's SiLU in its MLP (a benchmark-only patch): it splits the ratio into
 the exact GELU the model requires and the rest of the carrier. Every engine
