@@ -42,9 +42,8 @@ def our_bundles() -> list[Bundle]:
 def with_status(found: Bundle, status: str) -> Bundle:
     """A copy of ``found`` whose carriers all have ``status`` (the installed files are untouched).
 
-    The Spark2_5 carrier stays ``import_only`` until its evidence is archived, so
-    enabling it is refused; the enabled path of the contract is driven with a copy
-    marked ``active`` in memory.
+    Lets the tests drive both sides of the contract (blocked and enabled) whatever
+    status the installed manifest gives the carrier.
     """
     manifest = copy.deepcopy(found.manifest)
     for item in manifest["implementation"]:
@@ -53,14 +52,16 @@ def with_status(found: Bundle, status: str) -> Bundle:
 
 
 def copy_project(destination: Path) -> Path:
-    """Copy what ``render`` reads (pyproject.toml, manifest.toml, src/) to ``destination``."""
+    """Copy what ``render`` reads (pyproject.toml, manifest.toml, src/, the carriers'
+    evidence) to ``destination``."""
     for name in ("pyproject.toml", bundle.SOURCE_FILENAME):
         shutil.copy2(PROJECT_ROOT / name, destination / name)
-    shutil.copytree(
-        PROJECT_ROOT / "src",
-        destination / "src",
-        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
-    )
+    for tree in ("src", "extensions"):
+        shutil.copytree(
+            PROJECT_ROOT / tree,
+            destination / tree,
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+        )
     return destination
 
 

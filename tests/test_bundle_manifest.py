@@ -5,7 +5,9 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import stat
+from pathlib import Path
 
 import pytest
 from bundle_support import (
@@ -23,7 +25,7 @@ from vllm_spark2_5_plugin import _gate, _registration, bundle
 from vllm_spark2_5_plugin.bundle_cli import main
 
 # Flip a carrier here (and in manifest.toml) only together with its archived evidence.
-PINNED_CARRIER_STATUS = {"vllm_spark2_5_plugin:register": "import_only"}
+PINNED_CARRIER_STATUS = {"vllm_spark2_5_plugin:register": "active"}
 
 
 def test_manifest_schema_is_a_valid_json_schema():
@@ -87,7 +89,7 @@ def test_carrier_status_is_pinned_and_active_carriers_rest_on_archived_evidence(
 
 def test_activation_blocker_follows_the_documented_rule():
     (found,) = [item for item in our_bundles() if item.extension_id == _gate.BUNDLE_ID]
-    assert bundle.activation_blocker(found.manifest) == (
+    assert bundle.activation_blocker(with_status(found, "import_only").manifest) == (
         "extension is descriptor-only and cannot be enabled (implementation status: import_only)"
     )
     assert bundle.activation_blocker(with_status(found, "active").manifest) is None
@@ -164,6 +166,10 @@ def test_activation_environment_opens_the_carrier_gate():
 
 # --- bad manifest.toml: one line naming file, key and value; nothing written ---------------
 
+# The carrier's evidence list as manifest.toml spells it, for the mutations below.
+EVIDENCE_LIST = re.search(
+    r"evidence = \[[^\]]*\]", (Path(__file__).parents[1] / "manifest.toml").read_text()
+).group(0)
 BAD_SOURCES = {
     "unknown-key": (
         'provider = "vllm"',
@@ -211,17 +217,17 @@ BAD_SOURCES = {
         ("not valid TOML: Cannot overwrite", 'the line reads: kind = "scheduler_policy"'),
     ),
     "unknown-status": (
-        'status = "import_only"',
+        'status = "active"',
         'status = "enabled"',
         'bundle[0].carriers[0].status = "enabled": must be one of: active, import_only',
     ),
     "active-without-evidence": (
-        'status = "import_only"',
-        'status = "active"',
+        EVIDENCE_LIST,
+        "evidence = []",
         "bundle[0].carriers[0].evidence = []: must not be empty (an active carrier lists",
     ),
     "missing-evidence-file": (
-        "evidence = []",
+        EVIDENCE_LIST,
         'evidence = ["extensions/spark2_5/evidence/no-such-run.log"]',
         'bundle[0].carriers[0].evidence[0] = "extensions/spark2_5/evidence/no-such-run.log": '
         "must be an existing file",
