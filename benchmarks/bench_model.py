@@ -28,7 +28,6 @@ RoPE constructor receive ``max_position_embeddings`` instead of
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import random
@@ -283,16 +282,9 @@ def _build_models(workdir: Path, scenario: Scenario) -> dict[str, Path]:
             **shared,
         )
     }
-    llama = build_llama_checkpoint(
+    paths["llama"] = build_llama_checkpoint(
         workdir / "llama", seed=0, sliding_window=scenario.sliding_window, **shared
     )
-    # Without `architectures` vLLM resolves the bare config to LlamaModel, a
-    # pooling model; the comparison needs the causal LM.
-    config_path = llama / "config.json"
-    config = json.loads(config_path.read_text())
-    config["architectures"] = ["LlamaForCausalLM"]
-    config_path.write_text(json.dumps(config, indent=2))
-    paths["llama"] = llama
     return paths
 
 

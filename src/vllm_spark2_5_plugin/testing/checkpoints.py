@@ -94,6 +94,8 @@ def build_llama_checkpoint(
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     config = LlamaConfig(
+        # Without it vLLM resolves the pooling LlamaModel, not the causal LM.
+        architectures=["LlamaForCausalLM"],
         vocab_size=TINY_VOCAB_SIZE,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
