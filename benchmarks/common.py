@@ -21,17 +21,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from vllm_spark2_5_plugin.testing.server import CPU_SERVE_ENV
+
 ROOT = Path(__file__).resolve().parent.parent
 
-# What a real vLLM needs on the project's 2-core CPU machines (see testing.server).
-CPU_ENGINE_ENV = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_TARGET_DEVICE": "cpu",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-}
+# What a real vLLM needs on the project's 2-core CPU machines.
+CPU_ENGINE_ENV = CPU_SERVE_ENV
 
 # Close to the Spark-X2.5-4B's proportions at a size two CPU cores decode in
 # seconds: decoupled head_dim 256 (heads x head_dim != hidden), GQA 4:1, MLP 4x
