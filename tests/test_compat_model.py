@@ -129,9 +129,8 @@ class AutoWeightsLoaderWithSkipPrefixes:
         return loaded
 
 
-@pytest.fixture
-def older_vllm(monkeypatch):
-    """``compat`` sees vLLM 0.23's weight-loading classes."""
+def use_older_weight_loading(monkeypatch) -> None:
+    """Make ``compat`` see vLLM 0.23's weight-loading classes."""
     from vllm.model_executor.models import utils
 
     monkeypatch.setattr(
@@ -143,6 +142,12 @@ def older_vllm(monkeypatch):
             is_pp_missing_parameter=utils.is_pp_missing_parameter,
         ),
     )
+
+
+@pytest.fixture
+def older_vllm(monkeypatch):
+    """``compat`` sees vLLM 0.23's weight-loading classes."""
+    use_older_weight_loading(monkeypatch)
 
 
 def test_weights_mapper_stacking_is_detected_by_its_field(older_vllm):

@@ -23,6 +23,7 @@ from tool_parser_support import (
     non_streaming,
     register_spark25,
     serving_parser_cls,
+    serving_parser_deltas,
     stream_tool_parser,
 )
 
@@ -488,17 +489,7 @@ def reason_and_parse(tokenizer, reasoning_parser, output, chat_template_kwargs):
     full = (reasoning, content, [(call.name, call.arguments) for call in calls or []])
 
     parser = composed_parser(tokenizer, reasoning_parser, **kwargs)
-    token_ids = tokenizer.encode(output, add_special_tokens=False)
-    deltas = [
-        parser.parse_delta(
-            tokenizer.decode([token], skip_special_tokens=False),
-            [token],
-            request,
-            prompt_token_ids=prompt_ids,
-            finished=position == len(token_ids) - 1,
-        )
-        for position, token in enumerate(token_ids)
-    ]
+    deltas = serving_parser_deltas(parser, tokenizer, output, request, prompt_ids)
     streamed_reasoning = "".join(delta.reasoning or "" for delta in deltas if delta) or None
     streamed = accumulate(deltas)
     return full, (streamed_reasoning, streamed.content, streamed.calls)

@@ -18,6 +18,7 @@ from tool_parser_support import (
     load_tokenizer,
     non_streaming,
     serving_parser_cls,
+    serving_parser_deltas,
     split_at,
     stream_tool_parser,
 )
@@ -198,18 +199,7 @@ def test_special_token_deltas_through_vllms_serving_parser(tokenizer):
             text, REQUEST, enable_auto_tools=True
         )
         full = Parsed(content, [(call.name, call.arguments) for call in calls or []])
-        parser = parser_cls(tokenizer)
-        token_ids = tokenizer.encode(text, add_special_tokens=False)
-        deltas = [
-            parser.parse_delta(
-                tokenizer.decode([token], skip_special_tokens=False),
-                [token],
-                REQUEST,
-                prompt_token_ids=[],
-                finished=position == len(token_ids) - 1,
-            )
-            for position, token in enumerate(token_ids)
-        ]
+        deltas = serving_parser_deltas(parser_cls(tokenizer), tokenizer, text, REQUEST)
         assert reasoning is None
         assert accumulate(deltas) == full
 

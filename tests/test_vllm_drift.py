@@ -418,20 +418,11 @@ def release_shape(request, monkeypatch):
     """Make the installed vLLM look like ``request.param``'s API (see ``API_CHECKED``)."""
     import vllm.tool_parsers.structural_tag_registry as registry
     import vllm.tool_parsers.utils as parser_utils
-    from test_compat_model import AutoWeightsLoaderWithSkipPrefixes, WeightsMapperWithoutStacking
-    from vllm.model_executor.models import utils
+    from test_compat_model import use_older_weight_loading
 
     shape = API_CHECKED[request.param]
     if not shape["stacking"]:
-        monkeypatch.setattr(
-            compat,
-            "_model_utils",
-            lambda: types.SimpleNamespace(
-                WeightsMapper=WeightsMapperWithoutStacking,
-                AutoWeightsLoader=AutoWeightsLoaderWithSkipPrefixes,
-                is_pp_missing_parameter=utils.is_pp_missing_parameter,
-            ),
-        )
+        use_older_weight_loading(monkeypatch)
     if not shape["find_tool_name"]:
         monkeypatch.delattr(parser_utils, "find_tool_name")  # find_tool_properties stays
     if not shape["tag_formats"]:

@@ -157,6 +157,24 @@ def stream_tool_parser(parser: Any, deltas: Iterable[str], request: Any) -> Pars
     return accumulate(messages())
 
 
+def serving_parser_deltas(
+    parser: Any, tokenizer: Any, text: str, request: Any, prompt_ids: Sequence[int] = ()
+) -> list[Any]:
+    """Feed ``text`` to a serving-layer ``Parser`` one token at a time, as vLLM's
+    server does (tags are single special tokens), ending with ``finished=True``."""
+    token_ids = tokenizer.encode(text, add_special_tokens=False)
+    return [
+        parser.parse_delta(
+            tokenizer.decode([token], skip_special_tokens=False),
+            [token],
+            request,
+            prompt_token_ids=list(prompt_ids),
+            finished=position == len(token_ids) - 1,
+        )
+        for position, token in enumerate(token_ids)
+    ]
+
+
 def split_at(text: str, cuts: Iterable[int]) -> list[str]:
     bounds = [0, *sorted(set(cuts)), len(text)]
     return [text[start:end] for start, end in itertools.pairwise(bounds) if end > start]
