@@ -142,6 +142,29 @@ def test_defaults_follow_the_original_configuration():
     assert config.headwise_attn_output_gate and config.gate_attn_act_mode == "sigmoid"
 
 
+def test_rope_parameters_stay_keyed_by_layer_type_through_vllm_rope_patching():
+    """vLLM re-standardises and re-validates every config's RoPE at load; under
+    transformers 5.17 the base class used to add a top-level ``rope_theta``
+    there, which its own ``validate_rope`` then failed on."""
+    from vllm.transformers_utils.config import patch_rope_parameters
+
+    config = Spark2_5Config(
+        num_hidden_layers=4,
+        rope_parameters={FULL: {"partial_rotary_factor": 0.5}, SLIDING: {"rope_theta": 1e4}},
+    )
+    patch_rope_parameters(config)
+    assert set(config.rope_parameters) == {FULL, SLIDING}
+    assert config.rope_parameters[FULL] == {
+        "rope_type": "default",
+        "rope_theta": 10_000,
+        "partial_rotary_factor": 0.5,
+    }
+    assert config.rope_parameters_for(SLIDING) == {
+        "rope_theta": 1e4,
+        "partial_rotary_factor": 1.0,
+    }
+
+
 def test_unused_layer_type_needs_no_rope_entry():
     config = Spark2_5Config(
         num_hidden_layers=2,

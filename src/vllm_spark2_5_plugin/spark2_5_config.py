@@ -25,6 +25,7 @@ FULL_ATTENTION = "full_attention"
 LAYER_TYPES = (SLIDING_ATTENTION, FULL_ATTENTION)
 GATE_ACT_MODES = ("sigmoid", "silu")
 
+DEFAULT_ROPE_THETA = 10_000
 # The released 4B's RoPE: each layer type rotates with its own parameters.
 DEFAULT_ROPE_PARAMETERS = {
     FULL_ATTENTION: {"rope_theta": 5_000_000, "partial_rotary_factor": 0.25},
@@ -77,7 +78,7 @@ def _validate_rope_entry(layer_type: str, entry: Any, head_dim: int) -> None:
         raise Spark2_5ConfigError(
             f"{key}['rope_type']", rope_type, 'Spark2_5 uses plain RoPE: set it to "default"'
         )
-    theta = entry.get("rope_theta", 10_000)
+    theta = entry.get("rope_theta", DEFAULT_ROPE_THETA)
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
         raise Spark2_5ConfigError(f"{key}['rope_theta']", theta, "it must be a positive number")
     factor = entry.get("partial_rotary_factor", 1.0)
@@ -249,10 +250,22 @@ class Spark2_5Config(PretrainedConfig):
                 )
             _validate_rope_entry(layer_type, rope_parameters[layer_type], self.head_dim)
 
+    def convert_rope_params_to_dict(self, **kwargs: Any) -> dict[str, Any]:
+        """Complete each layer type's RoPE entry; transformers 5.x calls this from ``__init__``.
+
+        Replaces the base class's version: some releases of it (5.17) put a
+        ``rope_theta`` next to the layer-type entries, which their own
+        ``validate_rope`` then fails on. The entries are already validated.
+        """
+        for entry in self.rope_parameters.values():
+            entry.setdefault("rope_type", entry.get("type", "default"))
+            entry.setdefault("rope_theta", DEFAULT_ROPE_THETA)
+        return kwargs
+
     def rope_parameters_for(self, layer_type: str) -> dict[str, Any]:
         """RoPE theta and rotary fraction of one layer type, with the defaults filled in."""
         entry = self.rope_parameters[layer_type]
         return {
-            "rope_theta": entry.get("rope_theta", 10_000),
+            "rope_theta": entry.get("rope_theta", DEFAULT_ROPE_THETA),
             "partial_rotary_factor": entry.get("partial_rotary_factor", 1.0),
         }
