@@ -188,9 +188,10 @@ class Spark2_5Attention(nn.Module):
         attn_output = self.attn(q, k, v)
         if self.g_proj is not None:
             gate, _ = self.g_proj(hidden_states)
-            gate = self.gate_act(gate.float()).unsqueeze(-1)
+            # Gate math in fp32 as in the reference, on one fp32 copy scaled in place.
             heads = attn_output.view(-1, self.num_heads, self.head_dim).float()
-            attn_output = (heads * gate).view_as(attn_output).to(attn_output.dtype)
+            heads.mul_(self.gate_act(gate.float()).unsqueeze(-1))
+            attn_output = heads.view_as(attn_output).to(attn_output.dtype)
         output, _ = self.out_proj(attn_output)
         return output
 
