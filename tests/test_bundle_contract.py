@@ -320,9 +320,10 @@ def test_launch_is_refused_for_a_descriptor_only_bundle(spark_bundle):
     )
 
 
-def test_env_command_follows_the_installed_carrier_status(spark_bundle, state_file):
+def test_env_command_follows_the_installed_carrier_and_host(spark_bundle, state_file):
+    """Launchable exactly when the carrier's status and the installed vLLM allow it."""
     result = run([*manager_cli("contract"), "env", _gate.BUNDLE_ID], env=dict(os.environ))
-    blocker = bundle.activation_blocker(spark_bundle.manifest)
+    blocker = bundle.launch_refusal(spark_bundle)
     if blocker is None:
         assert result.returncode == 0, result.stderr
         assert f"export {_gate.ENABLE_ENV}=1\n" in result.stdout
@@ -337,7 +338,7 @@ def test_env_command_follows_the_installed_carrier_status(spark_bundle, state_fi
 HOST_VERSIONS = {
     "0.32.0+cpu": "compatible",  # the verified CPU build's metadata version
     "0.32.1rc1.dev3": "incompatible",  # prereleases are outside unless the range names one
-    "0.31.0": "incompatible",
+    "0.26.0": "incompatible",  # below every run-verified release
     "0.33.0": "incompatible",
 }
 
@@ -355,7 +356,7 @@ def test_launch_follows_the_host_range(spark_bundle, tmp_path, monkeypatch, host
         bundle.activation_environment([active], clean_env())
     assert str(error.value) == (
         f"refusing to launch {_gate.BUNDLE_ID!r}: host vllm {host_version} is outside "
-        f"host.version_range '>=0.32.0,<0.33' (incompatible)"
+        f"host.version_range {active.manifest['host']['version_range']!r} (incompatible)"
     )
 
 

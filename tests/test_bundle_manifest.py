@@ -166,10 +166,11 @@ def test_activation_environment_opens_the_carrier_gate():
 
 # --- bad manifest.toml: one line naming file, key and value; nothing written ---------------
 
-# The carrier's evidence list as manifest.toml spells it, for the mutations below.
-EVIDENCE_LIST = re.search(
-    r"evidence = \[[^\]]*\]", (Path(__file__).parents[1] / "manifest.toml").read_text()
-).group(0)
+# What manifest.toml spells today, for the mutations below.
+MANIFEST_SOURCE = (Path(__file__).parents[1] / "manifest.toml").read_text()
+EVIDENCE_LIST = re.search(r"evidence = \[[^\]]*\]", MANIFEST_SOURCE).group(0)
+RANGE_LINE = re.search(r'^version_range = "[^"]*"', MANIFEST_SOURCE, re.M).group(0)
+FIRST_VERIFIED_HOST = re.search(r'^verified_on = \["([^"]+)"', MANIFEST_SOURCE, re.M).group(1)
 BAD_SOURCES = {
     "unknown-key": (
         'provider = "vllm"',
@@ -187,24 +188,24 @@ BAD_SOURCES = {
         'bundle[0].extension_id = "org.vllm_hust.spark2_5": must be lowercase',
     ),
     "unparsable-range": (
-        'version_range = ">=0.32.0,<0.33"',
+        RANGE_LINE,
         'version_range = ">=0.32.0,<<0.33"',
         'bundle[0].host.version_range = ">=0.32.0,<<0.33": is not a valid PEP 440 version range',
     ),
     "open-ended-range": (
-        'version_range = ">=0.32.0,<0.33"',
+        RANGE_LINE,
         'version_range = ">=0"',
         'bundle[0].host.version_range = ">=0": open-ended range',
     ),
     "range-without-upper-bound": (
-        'version_range = ">=0.32.0,<0.33"',
+        RANGE_LINE,
         'version_range = ">=0.32.0"',
         'bundle[0].host.version_range = ">=0.32.0": open-ended range',
     ),
     "range-misses-verified-host": (
-        'version_range = ">=0.32.0,<0.33"',
-        'version_range = ">=0.31.0,<0.32"',
-        'bundle[0].host.verified_on[0] = "0.32.0+cpu": is outside host.version_range',
+        RANGE_LINE,
+        'version_range = ">=0.33.0,<0.34"',
+        f'bundle[0].host.verified_on[0] = "{FIRST_VERIFIED_HOST}": is outside host.version_range',
     ),
     "toml-syntax": (
         'kind = "in_process_plugin"',
