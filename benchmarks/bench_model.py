@@ -4,16 +4,20 @@ Throughput: offline ``LLM.generate`` over a batch of random-token prompts with a
 fixed output length (``ignore_eos``), the Spark2_5 carrier on a random
 checkpoint against an in-tree model of identical dimensions (hidden, layers,
 heads, KV heads, head_dim, intermediate, vocab) and the same layer_types and
-sliding window, ``LlamaForCausalLM``, same dtype and engine settings. Llama's
-MLP is SiLU where Spark2_5's is exact GELU, it has no head-wise output gate and
-one RoPE for all layers; the rest is the same work. (Gemma v1 has the same
-exact-GELU MLP but no sliding window, so its KV cache is one group where both
-hybrid models have two; in a trial it ran ~10% faster than the Llama baseline
-too, so it would not isolate the carrier's cost.) A third engine runs the carrier
-with Llama's SiLU in its MLP (a benchmark-only patch): it splits the ratio into
-the exact GELU the model requires and the rest of the carrier. Every engine
-stays loaded in its own process and the runs rotate (A B C, B C A, ...);
-medians are compared, by wall clock and by the engine process's CPU time.
+sliding window, ``LlamaForCausalLM``, same dtype and engine settings. Llama has
+no head-wise output gate and one RoPE for all layers, and its MLP is SiLU where
+Spark2_5's is exact GELU. So the like-for-like baseline is a second Llama
+engine whose MLP runs vLLM's exact-GELU ``GeluAndMul`` (a benchmark-only patch
+of the in-tree ``LlamaMLP``): against it the gate is the only extra work, and
+stock Llama over it is the cost of the activation itself. (Gemma v1 has an
+exact-GELU MLP in-tree but no sliding window, so its KV cache is one group
+where both hybrid models have two; in a trial it ran ~10% faster than the Llama
+baseline, so it would not isolate the carrier's cost.) Each round starts a
+fresh engine process per model, in rotating order (A B C, B C A, ...), and
+times a few runs in it: the same engine runs within 2% of itself while two
+processes of it can differ by 10% or more, so a sample is one process, and
+medians over rounds are compared, by wall clock and by the engine process's
+CPU time.
 
 Memory: peak and resident RSS, RoPE cache bytes and KV-cache capacity of the
 carrier when ``config.json`` says ``max_position_embeddings`` 1,048,576 versus
@@ -32,10 +36,10 @@ import multiprocessing
 import os
 import random
 import resource
+import statistics
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -50,12 +54,12 @@ MEMORY_DIMS = {
     "head_dim": 256,
     "intermediate_size": 512,
 }
-SILU_VARIANT = "spark2_5 with SiLU MLP"
-# The headline, the carrier without the activation it must use, and that activation.
+GELU_LLAMA = "llama with exact-GELU MLP"
+# The headline (same work but the gate), against stock Llama, and the activation alone.
 RATIOS = (
+    ("spark2_5", GELU_LLAMA),
     ("spark2_5", "llama"),
-    (SILU_VARIANT, "llama"),
-    ("spark2_5", SILU_VARIANT),
+    (GELU_LLAMA, "llama"),
 )
 ONE_MEBI_POSITIONS = 1_048_576
 EIGHT_KIBI_POSITIONS = 8_192
@@ -96,7 +100,8 @@ class Scenario:
                 sliding_heavy,
                 128,
                 batch=32,
-                prompt_len=512 if quick else 1024,
+                # Four windows long: most keys fall outside the sliding layers' window.
+                prompt_len=512,
                 output_len=32,
                 max_model_len=2048,
             ),
@@ -111,8 +116,8 @@ class EngineSpec:
     max_model_len: int
     dtype: str
     threads: int = 1
-    # Diagnostic variant: the carrier with Llama's SiLU in its MLP.
-    silu_mlp: bool = False
+    # Baseline variant: in-tree Llama with Spark2_5's exact GELU in its MLP.
+    exact_gelu_mlp: bool = False
     # Reproduce the seed: RoPE cos/sin cache over this many positions.
     rope_positions: int | None = None
 
@@ -122,8 +127,8 @@ def _engine_process(conn: Any, spec: EngineSpec) -> None:
     os.environ.update(CPU_ENGINE_ENV)
     os.environ.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "SPARK2_5_PLUGIN_ENABLE": "1"})
     os.environ["OMP_NUM_THREADS"] = str(spec.threads)
-    if spec.silu_mlp:
-        _use_silu_mlp()
+    if spec.exact_gelu_mlp:
+        _use_exact_gelu_in_llama_mlp()
     if spec.rope_positions is not None:
         _build_rope_over(spec.rope_positions)
     from vllm import LLM, SamplingParams
@@ -145,7 +150,7 @@ def _engine_process(conn: Any, spec: EngineSpec) -> None:
         if command == "stop":
             conn.close()
             return
-        if command == "generate":
+        if command in ("generate", "profile"):
             prompts = [TokensPrompt(prompt_token_ids=ids) for ids in payload["prompts"]]
             params = SamplingParams(
                 max_tokens=payload["output_len"],
@@ -153,6 +158,7 @@ def _engine_process(conn: Any, spec: EngineSpec) -> None:
                 temperature=0.0,
                 detokenize=False,
             )
+        if command == "generate":
             started, cpu_started = time.perf_counter(), time.process_time()
             outputs = llm.generate(prompts, params, use_tqdm=False)
             conn.send(
@@ -162,27 +168,40 @@ def _engine_process(conn: Any, spec: EngineSpec) -> None:
                     "output_tokens": sum(len(out.outputs[0].token_ids) for out in outputs),
                 }
             )
+        elif command == "profile":
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                llm.generate(prompts, params, use_tqdm=False)
+            conn.send(
+                {
+                    event.key: {
+                        "self_cpu_ms": event.self_cpu_time_total / 1e3,
+                        "calls": event.count,
+                    }
+                    for event in prof.key_averages()
+                }
+            )
         elif command == "memory":
             conn.send(_memory_figures(llm))
 
 
-def _use_silu_mlp() -> None:
-    """Build the carrier's MLP with SiLU instead of exact GELU.
+def _use_exact_gelu_in_llama_mlp() -> None:
+    """Build in-tree Llama's MLP with exact GELU instead of SiLU.
 
-    Not Spark2_5 any more: it separates the cost of the activation the model
-    requires from the rest of the carrier when compared with Llama.
+    The same ``GeluAndMul`` as Spark2_5's MLP, so that the only work the
+    carrier adds over this baseline is its output gate.
     """
-    from vllm.model_executor.layers.activation import SiluAndMul
+    from vllm.model_executor.layers.activation import GeluAndMul
+    from vllm.model_executor.models import llama
 
-    from vllm_spark2_5_plugin import spark2_5
+    build_mlp = llama.LlamaMLP.__init__
 
-    build_mlp = spark2_5.Spark2_5MLP.__init__
-
-    def build_silu_mlp(self, *args, **kwargs):
+    def build_gelu_mlp(self, *args, **kwargs):
         build_mlp(self, *args, **kwargs)
-        self.act_fn = SiluAndMul()
+        self.act_fn = GeluAndMul(approximate="none")
 
-    spark2_5.Spark2_5MLP.__init__ = build_silu_mlp
+    llama.LlamaMLP.__init__ = build_gelu_mlp
 
 
 def _build_rope_over(positions: int) -> None:
@@ -288,46 +307,58 @@ def _build_models(workdir: Path, scenario: Scenario) -> dict[str, Path]:
     return paths
 
 
-def run_throughput(scenario: Scenario, rounds: int, dtype: str, threads: int) -> dict[str, Any]:
+def run_throughput(
+    scenario: Scenario, rounds: int, runs: int, dtype: str, threads: int
+) -> dict[str, Any]:
     print(f"\n== throughput: {scenario.name}", flush=True)
-    names = ("spark2_5", SILU_VARIANT, "llama")
-    # Per model: output tokens per wall second, and per CPU second of the
-    # engine process (robust to other jobs time-slicing the same cores).
+    names = ("spark2_5", GELU_LLAMA, "llama")
+    # Per model and round: the median over one engine process's runs of output
+    # tokens per wall second and per CPU second of that process (robust to
+    # other jobs time-slicing the same cores).
     wall: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
-    with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp, ExitStack() as stack:
+    init_s: dict[str, list[float]] = {name: [] for name in names}
+    # One extra run per model, in round 1, under torch.profiler: where the time goes.
+    op_profiles: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp:
         paths = _build_models(Path(tmp), scenario)
         specs = {
             "spark2_5": EngineSpec(str(paths["spark2_5"]), scenario.max_model_len, dtype, threads),
-            SILU_VARIANT: EngineSpec(
-                str(paths["spark2_5"]), scenario.max_model_len, dtype, threads, silu_mlp=True
+            GELU_LLAMA: EngineSpec(
+                str(paths["llama"]), scenario.max_model_len, dtype, threads, exact_gelu_mlp=True
             ),
             "llama": EngineSpec(str(paths["llama"]), scenario.max_model_len, dtype, threads),
         }
-        engines = {name: stack.enter_context(Engine(specs[name])) for name in names}
         request = {
             "prompts": _prompts(scenario.batch, scenario.prompt_len, seed=1),
             "output_len": scenario.output_len,
         }
         warmup = {"prompts": request["prompts"][:4], "output_len": 4}
-        for engine in engines.values():
-            engine.ask("generate", warmup)
         for index in range(rounds):
             # Rotate who goes first so no model always follows the same one.
             order = names[index % len(names) :] + names[: index % len(names)]
             for name in order:
-                result = engines[name].ask("generate", request)
-                wall[name].append(result["output_tokens"] / result["elapsed_s"])
-                cpu[name].append(result["output_tokens"] / result["cpu_s"])
+                with Engine(specs[name]) as engine:
+                    engine.ask("generate", warmup)
+                    results = [engine.ask("generate", request) for _ in range(runs)]
+                    if index == 0:
+                        op_profiles[name] = _top_ops(engine.ask("profile", request))
+                init_s[name].append(engine.init_s)
+                wall[name].append(
+                    statistics.median(r["output_tokens"] / r["elapsed_s"] for r in results)
+                )
+                cpu[name].append(
+                    statistics.median(r["output_tokens"] / r["cpu_s"] for r in results)
+                )
                 print(
-                    f"  {name:22s} {wall[name][-1]:8.1f} output tok/s "
+                    f"  round {index + 1}: {name:26s} {wall[name][-1]:8.1f} output tok/s "
                     f"({cpu[name][-1]:8.1f} per CPU second)",
                     flush=True,
                 )
-        init_s = {name: engine.init_s for name, engine in engines.items()}
     return {
         "scenario": asdict(scenario),
         "output_tokens_per_run": scenario.batch * scenario.output_len,
+        "runs_per_engine": runs,
         "output_tok_s": {
             "wall": {name: spread(values) for name, values in wall.items()},
             "cpu": {name: spread(values) for name, values in cpu.items()},
@@ -339,8 +370,20 @@ def run_throughput(scenario: Scenario, rounds: int, dtype: str, threads: int) ->
             }
             for over, under in RATIOS
         },
-        "engine_init_s": init_s,
+        "engine_init_s": {name: spread(values) for name, values in init_s.items()},
+        "op_self_cpu_ms": op_profiles,
     }
+
+
+def _top_ops(events: dict[str, dict[str, float]], share: float = 0.005) -> dict[str, Any]:
+    """The profiled run's total operator self CPU time and the operators above ``share`` of it."""
+    total = sum(event["self_cpu_ms"] for event in events.values())
+    top = {
+        name: event
+        for name, event in sorted(events.items(), key=lambda item: -item[1]["self_cpu_ms"])
+        if event["self_cpu_ms"] >= share * total
+    }
+    return {"total": total, "ops": top}
 
 
 def _ratio(over: list[float], under: list[float]) -> dict[str, Any]:
@@ -417,7 +460,12 @@ def main() -> int:
     parser = base_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument(
-        "--rounds", type=int, help="rounds per scenario, each running every model once"
+        "--rounds",
+        type=int,
+        help="rounds per scenario, each starting one fresh engine per model",
+    )
+    parser.add_argument(
+        "--runs", type=int, help="timed runs per engine process (its median is one sample)"
     )
     parser.add_argument(
         "--threads",
@@ -430,7 +478,8 @@ def main() -> int:
         "--only", choices=("throughput", "memory"), help="run one part (default: both)"
     )
     args = parser.parse_args()
-    rounds = args.rounds or (3 if args.quick else 7)
+    rounds = args.rounds or (3 if args.quick else 8)
+    runs = args.runs or (1 if args.quick else 2)
     memory_repeats = 1 if args.quick else 3
     record = Record(
         "model",
@@ -438,11 +487,12 @@ def main() -> int:
             "dtype": args.dtype,
             "omp_threads_per_engine": args.threads,
             "rounds": rounds,
+            "runs_per_engine": runs,
             "memory_repeats": memory_repeats,
             "throughput_dims": SMALL_SPARK_DIMS,
             "vocab_size": "320 (the tiny tokenizer's checkpoints, both models)",
-            "baseline": "in-tree LlamaForCausalLM, identical dims, layer_types and window; "
-            "SiLU MLP, no output gate, one RoPE",
+            "baselines": "in-tree LlamaForCausalLM, identical dims, layer_types and window, "
+            "no output gate, one RoPE: stock (SiLU MLP) and with exact GELU in its MLP",
             "engine": "offline LLM.generate, enforce_eager, in-process engine, "
             "VLLM_CPU_KVCACHE_SPACE=1",
         },
@@ -450,7 +500,7 @@ def main() -> int:
     results = record.data["results"]
     if args.only in (None, "throughput"):
         results["throughput"] = [
-            run_throughput(scenario, rounds, args.dtype, args.threads)
+            run_throughput(scenario, rounds, runs, args.dtype, args.threads)
             for scenario in Scenario.for_mode(args.quick)
         ]
     if args.only in (None, "memory"):
@@ -494,6 +544,8 @@ def print_report(results: dict[str, Any]) -> None:
             for pair, ratios in item["ratios"].items()
         ]
         print(table(("scenario", "ratio", CLOCKS["wall"], CLOCKS["cpu"]), rows))
+        for item in results["throughput"]:
+            print_op_profile(item["scenario"]["name"], item["op_self_cpu_ms"])
     if "memory" in results:
         memory = results["memory"]
         print(f"\nMemory at max_model_len {memory['max_model_len']} (medians):")
@@ -523,6 +575,21 @@ def print_report(results: dict[str, Any]) -> None:
                 rows,
             )
         )
+
+
+def print_op_profile(scenario: str, profiles: dict[str, dict[str, Any]]) -> None:
+    """Self CPU ms per operator of one profiled run per model, largest first."""
+    models = list(profiles)
+    ops = dict.fromkeys(op for profile in profiles.values() for op in profile["ops"])
+    rows = [(op, *(_op_ms(profiles[model], op) for model in models)) for op in ops]
+    rows.append(("all operators", *(f"{profiles[m]['total']:.0f}" for m in models)))
+    print(f"\nOperator self CPU ms, one profiled run each: {scenario}")
+    print(table(("operator", *models), rows))
+
+
+def _op_ms(profile: dict[str, Any], op: str) -> str:
+    event = profile["ops"].get(op)
+    return f"{event['self_cpu_ms']:.0f} ({event['calls']})" if event else "-"
 
 
 if __name__ == "__main__":
