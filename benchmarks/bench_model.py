@@ -116,6 +116,8 @@ class EngineSpec:
     max_model_len: int
     dtype: str
     threads: int = 1
+    # False: vLLM's default execution mode (torch.compile through Inductor on CPU).
+    enforce_eager: bool = True
     # Baseline variant: in-tree Llama with Spark2_5's exact GELU in its MLP.
     exact_gelu_mlp: bool = False
     # Reproduce the seed: RoPE cos/sin cache over this many positions.
@@ -139,7 +141,7 @@ def _engine_process(conn: Any, spec: EngineSpec) -> None:
         model=spec.model,
         dtype=spec.dtype,
         max_model_len=spec.max_model_len,
-        enforce_eager=True,
+        enforce_eager=spec.enforce_eager,
         # Every timed run must prefill its prompts, not find them cached.
         enable_prefix_caching=False,
         seed=0,
@@ -308,7 +310,7 @@ def _build_models(workdir: Path, scenario: Scenario) -> dict[str, Path]:
 
 
 def run_throughput(
-    scenario: Scenario, rounds: int, runs: int, dtype: str, threads: int
+    scenario: Scenario, rounds: int, runs: int, dtype: str, threads: int, enforce_eager: bool
 ) -> dict[str, Any]:
     print(f"\n== throughput: {scenario.name}", flush=True)
     names = ("spark2_5", GELU_LLAMA, "llama")
@@ -322,12 +324,16 @@ def run_throughput(
     op_profiles: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp:
         paths = _build_models(Path(tmp), scenario)
+        common = {
+            "max_model_len": scenario.max_model_len,
+            "dtype": dtype,
+            "threads": threads,
+            "enforce_eager": enforce_eager,
+        }
         specs = {
-            "spark2_5": EngineSpec(str(paths["spark2_5"]), scenario.max_model_len, dtype, threads),
-            GELU_LLAMA: EngineSpec(
-                str(paths["llama"]), scenario.max_model_len, dtype, threads, exact_gelu_mlp=True
-            ),
-            "llama": EngineSpec(str(paths["llama"]), scenario.max_model_len, dtype, threads),
+            "spark2_5": EngineSpec(str(paths["spark2_5"]), **common),
+            GELU_LLAMA: EngineSpec(str(paths["llama"]), **common, exact_gelu_mlp=True),
+            "llama": EngineSpec(str(paths["llama"]), **common),
         }
         request = {
             "prompts": _prompts(scenario.batch, scenario.prompt_len, seed=1),
@@ -477,6 +483,11 @@ def main() -> int:
     parser.add_argument(
         "--only", choices=("throughput", "memory"), help="run one part (default: both)"
     )
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="throughput in vLLM's default execution mode (torch.compile) instead of eager",
+    )
     args = parser.parse_args()
     rounds = args.rounds or (3 if args.quick else 8)
     runs = args.runs or (1 if args.quick else 2)
@@ -493,14 +504,18 @@ def main() -> int:
             "vocab_size": "320 (the tiny tokenizer's checkpoints, both models)",
             "baselines": "in-tree LlamaForCausalLM, identical dims, layer_types and window, "
             "no output gate, one RoPE: stock (SiLU MLP) and with exact GELU in its MLP",
-            "engine": "offline LLM.generate, enforce_eager, in-process engine, "
-            "VLLM_CPU_KVCACHE_SPACE=1",
+            "engine": "offline LLM.generate, in-process engine, VLLM_CPU_KVCACHE_SPACE=1; "
+            + (
+                "throughput in vLLM's default mode (torch.compile), memory eager"
+                if args.compiled
+                else "enforce_eager"
+            ),
         },
     )
     results = record.data["results"]
     if args.only in (None, "throughput"):
         results["throughput"] = [
-            run_throughput(scenario, rounds, runs, args.dtype, args.threads)
+            run_throughput(scenario, rounds, runs, args.dtype, args.threads, not args.compiled)
             for scenario in Scenario.for_mode(args.quick)
         ]
     if args.only in (None, "memory"):
