@@ -170,7 +170,7 @@ def test_activation_environment_opens_the_carrier_gate():
 MANIFEST_SOURCE = (Path(__file__).parents[1] / "manifest.toml").read_text()
 EVIDENCE_LIST = re.search(r"evidence = \[[^\]]*\]", MANIFEST_SOURCE).group(0)
 RANGE_LINE = re.search(r'^version_range = "[^"]*"', MANIFEST_SOURCE, re.M).group(0)
-FIRST_VERIFIED_HOST = re.search(r'^verified_on = \["([^"]+)"', MANIFEST_SOURCE, re.M).group(1)
+FIRST_VERIFIED_HOST = re.search(r'^verified_on = \[\s*"([^"]+)"', MANIFEST_SOURCE, re.M).group(1)
 BAD_SOURCES = {
     "unknown-key": (
         'provider = "vllm"',
@@ -199,8 +199,8 @@ BAD_SOURCES = {
     ),
     "range-without-upper-bound": (
         RANGE_LINE,
-        'version_range = ">=0.32.0"',
-        'bundle[0].host.version_range = ">=0.32.0": open-ended range',
+        RANGE_LINE.split(",")[0] + '"',
+        f'bundle[0].host.{RANGE_LINE.split(",")[0]}": open-ended range',
     ),
     "range-misses-verified-host": (
         RANGE_LINE,

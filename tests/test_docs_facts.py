@@ -153,6 +153,28 @@ def test_the_pep440_table_is_what_packaging_and_the_bundle_cli_answer():
         assert bundle.host_in_range(host, host_range) is (before_26 == "inside"), host
 
 
+def test_the_pep440_table_describes_the_shipped_range():
+    host_range = re.search(r"^For `([^`]+)` \(checked by", RELEASE, re.MULTILINE).group(1)
+    manifest = tomllib.loads(_text("manifest.toml"))
+    assert {host_range} == {source["host"]["version_range"] for source in manifest["bundle"]}
+
+
+def test_the_bundle_doc_compatibility_table_is_what_the_bundle_cli_answers():
+    doc = _text("docs/bundle.md")
+    section = doc.split("## Compatibility with the installed vLLM", 1)[1].split("\n## ", 1)[0]
+    (host_range,) = {
+        source["host"]["version_range"]
+        for source in tomllib.loads(_text("manifest.toml"))["bundle"]
+    }
+    assert f"`host.version_range` `{host_range}`" in doc
+    checked = 0
+    for versions, result in re.findall(r"^\| (`[^|]+) \| (\w+)", section, re.MULTILINE):
+        for host in re.findall(r"`([^`]+)`", versions.split(" (")[0]):
+            assert bundle.host_in_range(host, host_range) is (result == "compatible"), host
+            checked += 1
+    assert checked >= 8
+
+
 def test_the_local_label_and_explicit_prerelease_statements():
     for statement in (
         "`>=0.32.0+cpu` is not a valid specifier",

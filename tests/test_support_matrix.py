@@ -105,3 +105,9 @@ def test_run_matrix_defaults_to_the_verified_releases():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [public(host) for host in HOST["verified_on"]]
+
+
+def test_the_readme_states_the_run_verified_span():
+    hosts = sorted(map(public, HOST["verified_on"]), key=Version)
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"every release of the shipped range, vLLM {hosts[0]} to {hosts[-1]}" in readme
