@@ -76,3 +76,16 @@ def test_4b_shape_is_a_valid_spark2_5_config(benchmarks_on_path, tmp_path):
     assert config.max_position_embeddings == 1_048_576
     assert json.loads((path / "config.json").read_text())["torch_dtype"] == "bfloat16"
     assert not list(path.glob("*.safetensors")), "weights come from --load-format dummy"
+
+
+def test_the_model_throughput_tables_in_the_docs_are_the_archived_record(
+    benchmarks_on_path, capsys
+):
+    from bench_model import print_report
+
+    record = json.loads((ROOT / "extensions/spark2_5/evidence/perf-model.json").read_text())
+    print_report(record["results"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").splitlines()
+    assert len(rows) > 20
+    assert [row for row in rows if row not in doc] == []
