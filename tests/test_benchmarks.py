@@ -78,12 +78,13 @@ def test_4b_shape_is_a_valid_spark2_5_config(benchmarks_on_path, tmp_path):
     assert not list(path.glob("*.safetensors")), "weights come from --load-format dummy"
 
 
+@pytest.mark.parametrize("record_name", ["perf-model.json", "perf-model-compiled.json"])
 def test_the_model_throughput_tables_in_the_docs_are_the_archived_record(
-    benchmarks_on_path, capsys
+    benchmarks_on_path, capsys, record_name
 ):
     from bench_model import print_report
 
-    record = json.loads((ROOT / "extensions/spark2_5/evidence/perf-model.json").read_text())
+    record = json.loads((ROOT / "extensions/spark2_5/evidence" / record_name).read_text())
     print_report(record["results"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
     doc = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").splitlines()
