@@ -29,28 +29,10 @@ from typing import Any
 
 from common import SMALL_SPARK_DIMS, Record, base_parser, table
 
-from vllm_spark2_5_plugin.testing.checkpoints import (
-    SPARK2_5_ARCHITECTURE,
-    SPARK2_5_AUTO_MAP,
-    build_spark2_5_checkpoint,
-    spark2_5_config_dict,
-    write_tokenizer,
-)
+from vllm_spark2_5_plugin.testing.checkpoints import build_spark2_5_checkpoint, write_tokenizer
 from vllm_spark2_5_plugin.testing.server import VllmServer, vllm_executable
+from vllm_spark2_5_plugin.testing.spark_x25_4b import SPARK_X25_4B_CONFIG
 
-# The released 4B's config.json, less what spark2_5_config_dict already matches
-# (rope_parameters, eps, gate, biases, ids, 1M positions, tied embeddings).
-SPARK_4B_SHAPE = {
-    "hidden_size": 2560,
-    "intermediate_size": 10240,
-    "num_hidden_layers": 36,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "head_dim": 256,
-    "vocab_size": 131072,
-    "sliding_window": 512,
-    "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 9,
-}
 # The seed README's table (500 concurrent requests; hardware unstated).
 SEED_README = {
     "completed": 500,
@@ -92,14 +74,7 @@ LATENCIES = (("TTFT", "ttft"), ("TPOT", "tpot"), ("ITL", "itl"))
 def write_4b_shape(path: Path) -> Path:
     """``config.json`` and tokenizer of the 4B shape; weights come from ``--load-format dummy``."""
     path.mkdir(parents=True, exist_ok=True)
-    config = {
-        "architectures": [SPARK2_5_ARCHITECTURE],
-        "model_type": "spark2_5",
-        "auto_map": SPARK2_5_AUTO_MAP,
-        **spark2_5_config_dict(**SPARK_4B_SHAPE),
-        "torch_dtype": "bfloat16",
-    }
-    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (path / "config.json").write_text(json.dumps(SPARK_X25_4B_CONFIG, indent=2) + "\n")
     write_tokenizer(path)
     return path
 
@@ -195,7 +170,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         workdir = Path(tmp)
         if args.gpu_4b_shape:
-            model, model_desc = write_4b_shape(workdir / "spark2_5-4b-shape"), SPARK_4B_SHAPE
+            model, model_desc = write_4b_shape(workdir / "spark2_5-4b-shape"), SPARK_X25_4B_CONFIG
         elif args.model:
             model, model_desc = args.model, {"path": args.model.name}
         else:

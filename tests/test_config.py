@@ -11,49 +11,11 @@ import transformers
 
 from vllm_spark2_5_plugin._gate import ENABLE_ENV
 from vllm_spark2_5_plugin.spark2_5_config import Spark2_5Config, Spark2_5ConfigError
-from vllm_spark2_5_plugin.testing.checkpoints import (
-    SPARK2_5_AUTO_MAP,
-    build_spark2_5_checkpoint,
-    write_tokenizer,
-)
+from vllm_spark2_5_plugin.testing.checkpoints import build_spark2_5_checkpoint, write_tokenizer
 from vllm_spark2_5_plugin.testing.server import run_vllm_serve_expecting_failure
+from vllm_spark2_5_plugin.testing.spark_x25_4b import SPARK_X25_4B_CONFIG
 
 SLIDING, FULL = "sliding_attention", "full_attention"
-
-# The released Spark-X2.5-4B config.json (values from its model card and files).
-REAL_4B_CONFIG = {
-    "architectures": ["Spark2_5ForCausalLM"],
-    "auto_map": SPARK2_5_AUTO_MAP,
-    "model_type": "spark2_5",
-    "vocab_size": 131072,
-    "hidden_size": 2560,
-    "intermediate_size": 10240,
-    "num_hidden_layers": 36,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 4,
-    "head_dim": 256,
-    "hidden_act": "gelu",
-    "max_position_embeddings": 1048576,
-    "sliding_window": 512,
-    "layer_types": [SLIDING, SLIDING, SLIDING, FULL] * 9,
-    "rope_parameters": {
-        FULL: {"rope_type": "default", "rope_theta": 5000000, "partial_rotary_factor": 0.25},
-        SLIDING: {"rope_type": "default", "rope_theta": 10000, "partial_rotary_factor": 1.0},
-    },
-    "rms_norm_eps": 1e-06,
-    "gate_attn_act_mode": "sigmoid",
-    "headwise_attn_output_gate": True,
-    "attention_bias": False,
-    "mlp_bias": False,
-    "attention_dropout": 0.0,
-    "initializer_range": 0.02,
-    "use_cache": True,
-    "tie_word_embeddings": True,
-    "bos_token_id": 0,
-    "eos_token_id": 1,
-    "pad_token_id": 2,
-    "torch_dtype": "bfloat16",
-}
 
 
 def write_config(path, config):
@@ -75,14 +37,14 @@ def registered():
 def test_vllm_resolves_the_real_4b_config_without_remote_code(tmp_path):
     from vllm.config import ModelConfig
 
-    path = write_config(tmp_path / "spark-4b", REAL_4B_CONFIG)
+    path = write_config(tmp_path / "spark-4b", SPARK_X25_4B_CONFIG)
     model_config = ModelConfig(model=str(path), max_model_len=4096, trust_remote_code=False)
     config = model_config.hf_config
     assert type(config) is Spark2_5Config
-    for key, value in REAL_4B_CONFIG.items():
+    for key, value in SPARK_X25_4B_CONFIG.items():
         if key not in ("auto_map", "torch_dtype", "rope_parameters", "model_type"):
             assert getattr(config, key) == value, key
-    for layer_type, rope in REAL_4B_CONFIG["rope_parameters"].items():
+    for layer_type, rope in SPARK_X25_4B_CONFIG["rope_parameters"].items():
         assert config.rope_parameters_for(layer_type) == {
             "rope_theta": rope["rope_theta"],
             "partial_rotary_factor": rope["partial_rotary_factor"],
@@ -94,14 +56,14 @@ def test_vllm_resolves_the_real_4b_config_without_remote_code(tmp_path):
 
 @pytest.mark.usefixtures("registered")
 def test_transformers_autoconfig_ignores_auto_map_once_registered(tmp_path):
-    path = write_config(tmp_path / "spark-4b", REAL_4B_CONFIG)
+    path = write_config(tmp_path / "spark-4b", SPARK_X25_4B_CONFIG)
     assert type(transformers.AutoConfig.from_pretrained(path)) is Spark2_5Config
 
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_tie_word_embeddings_round_trips(tmp_path, tie):
     config = Spark2_5Config.from_pretrained(
-        write_config(tmp_path / "c", {**REAL_4B_CONFIG, "tie_word_embeddings": tie})
+        write_config(tmp_path / "c", {**SPARK_X25_4B_CONFIG, "tie_word_embeddings": tie})
     )
     assert config.tie_word_embeddings is tie
     config.save_pretrained(tmp_path / "saved")
@@ -214,7 +176,9 @@ INVALID = [
 
 @pytest.mark.parametrize(("overrides", "key", "allowed"), INVALID, ids=[c[1] for c in INVALID])
 def test_an_invalid_key_fails_with_one_error_naming_key_value_and_allowed(overrides, key, allowed):
-    config = {k: v for k, v in REAL_4B_CONFIG.items() if k not in ("architectures", "auto_map")}
+    config = {
+        k: v for k, v in SPARK_X25_4B_CONFIG.items() if k not in ("architectures", "auto_map")
+    }
     config.update(overrides)
     with pytest.raises(Spark2_5ConfigError) as error:
         Spark2_5Config(**config)
