@@ -1,9 +1,13 @@
-"""The extension manager's enable/run contract, driven against the built wheel and real vLLM.
+"""The extension manager's contract, as the real ``vllm-hust-ext`` was measured to behave.
 
-The manager (``vllm-hust-ext``) is not on PyPI, so ``bundle.py`` implements its
-documented contract and these tests drive it. Where the ``vllm_hust_ext`` package
-is importable the contract tests also run through it; otherwise they are
-reported as skipped with the reason.
+The manager is not on the package index, so each measured behaviour is a test
+here, named after it, that runs two ways: ``recorded`` checks what this
+toolkit predicts (``vllm-hust-bundle inspect``/``env``, the manager module)
+against the measured behaviour; ``vllm_hust_ext`` runs the real manager's CLI
+where the ``vllm_hust_ext`` package is installed, and is skipped with the
+reason elsewhere. Where this project deliberately differs (it never writes the
+manager's state; its errors are one line; it validates more strictly), the
+test says so and checks the project's side.
 """
 
 from __future__ import annotations
@@ -12,8 +16,7 @@ import configparser
 import dataclasses
 import importlib.util
 import json
-import os
-import stat
+import re
 import subprocess
 import sys
 import textwrap
@@ -21,25 +24,33 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from bundle_support import (
+
+from carrier_harness.env import clean_env
+from carrier_harness.project import (
     PROJECT_ROOT,
     fake_host_distribution,
-    manifest_source,
     our_bundles,
     pyproject,
     with_status,
 )
-from conftest import clean_env
-
-from vllm_spark2_5_plugin import _gate, bundle
-from vllm_spark2_5_plugin.bundle import BundleError
-from vllm_spark2_5_plugin.testing.server import CPU_SERVE_ENV, VllmServer
-
-LOAD_LINE = "vllm-spark2_5-plugin loaded ("
-REAL_MANAGER_MISSING = (
-    "vllm_hust_ext is not importable here (not on PyPI; install it from its git repository "
-    "to run the contract through the real manager)"
+from vllm_hust_bundle_kit import installed, manager
+from vllm_hust_bundle_kit.contract import (
+    BUNDLE_GROUP,
+    ENABLED_BUNDLES_ENVS,
+    MANAGER_LAUNCH_ONLY_ENVS,
+    PLUGINS_ENV,
+    RENDERED_FILENAME,
+    STATE_ENV,
+    VLLM_PLUGIN_GROUP,
 )
+from vllm_hust_bundle_kit.errors import BundleError
+
+REAL_MANAGER_MISSING = (
+    "vllm_hust_ext is not importable here (not on the package index; install it from its git "
+    "repository to run the contract through the real manager)"
+)
+MANAGERS = ["recorded", "vllm_hust_ext"]
+TOOL = str(Path(sys.executable).with_name("vllm-hust-bundle"))
 
 
 def run(argv, env, **kwargs) -> subprocess.CompletedProcess[str]:
@@ -48,30 +59,68 @@ def run(argv, env, **kwargs) -> subprocess.CompletedProcess[str]:
     )
 
 
+def real_manager() -> str:
+    executable = Path(sys.executable).with_name("vllm-hust-ext")
+    if importlib.util.find_spec("vllm_hust_ext") is None or not executable.exists():
+        pytest.skip(REAL_MANAGER_MISSING)
+    return str(executable)
+
+
 @pytest.fixture(scope="module")
-def spark_bundle():
-    (found,) = [item for item in our_bundles() if item.extension_id == _gate.BUNDLE_ID]
-    return found
+def bundle() -> installed.Bundle:
+    return our_bundles()[0]
+
+
+@pytest.fixture(scope="module")
+def switch(bundle) -> str:
+    (name,) = [n for n, v in bundle.manifest["activation"]["environment"].items() if v == "1"]
+    return name
+
+
+@pytest.fixture(scope="module")
+def plugin(bundle) -> str:
+    (name,) = [
+        ep["name"]
+        for ep in bundle.manifest["activation"]["entry_points"]
+        if ep["group"] == VLLM_PLUGIN_GROUP
+    ]
+    return name
 
 
 @pytest.fixture
-def verified_host(tmp_path, monkeypatch):
-    """Launch checks see a verified vLLM whichever release runs the suite: the tests
-    using this are about what is injected; test_launch_follows_the_host_range checks
-    the range itself."""
-    (source,) = [b for b in manifest_source()["bundle"] if b["extension_id"] == _gate.BUNDLE_ID]
-    verified = source["host"]["verified_on"][0]
-    monkeypatch.syspath_prepend(str(fake_host_distribution(tmp_path / "host", "vllm", verified)))
+def verified_host(bundle, tmp_path):
+    """A metadata-only vllm of the first verified release, for launch predictions that
+    must not depend on which vLLM runs the suite."""
+    from carrier_harness.project import bundle_source
+
+    verified = bundle_source(bundle.extension_id)["host"]["verified_on"][0]
+    return fake_host_distribution(tmp_path / "host", "vllm", verified)
 
 
 @pytest.fixture
-def state_file(tmp_path, monkeypatch):
-    path = tmp_path / "config" / "vllm-hust-ext.json"
-    monkeypatch.setenv(bundle.STATE_ENV, str(path))
-    return path
+def state_file(tmp_path):
+    return tmp_path / "config" / "vllm-hust-ext.json"
 
 
-# --- the built wheel ---------------------------------------------------------------
+def manager_env(state_file: Path, host: Path | None = None, **extra: str) -> dict[str, str]:
+    env = clean_env(**{STATE_ENV: str(state_file)}, **extra)
+    if host is not None:
+        env["PYTHONPATH"] = str(host)
+    return env
+
+
+def write_state(path: Path, extensions: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"schema_version": 2, "extensions": extensions}))
+
+
+def inspect(extension_id: str, env: dict[str, str]) -> tuple[int, dict, str]:
+    result = run([TOOL, "inspect", "--json", extension_id], env=env)
+    (report,) = json.loads(result.stdout)
+    return result.returncode, report, result.stderr
+
+
+# --- the built wheel: what the manager discovers -------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -99,325 +148,384 @@ def installed_wheel(wheel, tmp_path_factory) -> Path:
     return target
 
 
-def test_wheel_carries_the_manifest_and_both_entry_point_groups(wheel, spark_bundle):
+def test_wheel_carries_the_manifests_and_both_entry_point_groups(wheel):
     project = pyproject()
-    manifest = spark_bundle.manifest_path.relative_to(spark_bundle.distribution.package_root)
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         (dist_info,) = {name.split("/")[0] for name in names if ".dist-info/" in name}
-        assert archive.read(manifest.as_posix()) == spark_bundle.manifest_path.read_bytes()
-        assert "vllm_spark2_5_plugin/manifest.schema.json" in names
         entry_points = configparser.ConfigParser(delimiters=("=",))
         entry_points.optionxform = str
         entry_points.read_string(archive.read(f"{dist_info}/entry_points.txt").decode())
         record = archive.read(f"{dist_info}/RECORD").decode()
-    assert manifest.as_posix() in record
-    for group in (bundle.BUNDLE_GROUP, bundle.VLLM_PLUGIN_GROUP):
+        for found in our_bundles():
+            manifest = found.manifest_path.relative_to(found.distribution.package_root)
+            assert archive.read(manifest.as_posix()) == found.manifest_path.read_bytes()
+            assert manifest.as_posix() in record
+        assert "vllm_hust_bundle_kit/manifest.schema.json" in names
+    for group in (BUNDLE_GROUP, VLLM_PLUGIN_GROUP):
         assert dict(entry_points[group]) == project["entry-points"][group]
     assert dict(entry_points["console_scripts"]) == project["scripts"]
 
 
-DISCOVERY_PROBE = """
-    import importlib.util, json, sys
-    target, extension_id = sys.argv[1:]
-    sys.path.insert(0, target)
-    # bundle.py from the installed wheel, loaded by path so that the package is not imported.
-    spec = importlib.util.spec_from_file_location(
-        "bundle_discovery_probe", f"{target}/vllm_spark2_5_plugin/bundle.py"
-    )
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    (found,) = module.select(module.discover(), [extension_id])
-    module.validate(found)
-    print(json.dumps({
-        "manifest_path": str(found.manifest_path),
-        "distribution_version": found.distribution.version,
-        "blocker": module.activation_blocker(found.manifest),
-        "imported": sorted(
-            name for name in sys.modules
-            if name.split(".")[0] in ("vllm_spark2_5_plugin", "vllm", "torch", "transformers")
-        ),
-    }))
-"""
-
-REAL_DISCOVERY_PROBE = """
-    import json, sys
-    target, extension_id = sys.argv[1:]
-    sys.path.insert(0, target)
-    from vllm_hust_ext.discovery import discover_bundles
-    (found,) = discover_bundles((extension_id,))
-    print(json.dumps({
-        "manifest_path": str(found.manifest_path),
-        "imported": sorted(
-            name for name in sys.modules
-            if name.split(".")[0] in ("vllm_spark2_5_plugin", "vllm", "torch", "transformers")
-        ),
-    }))
-"""
-
-
-@pytest.mark.parametrize("manager", ["contract", "vllm_hust_ext"])
-def test_discovery_from_the_installed_wheel_imports_nothing(installed_wheel, spark_bundle, manager):
-    if manager == "vllm_hust_ext" and importlib.util.find_spec("vllm_hust_ext") is None:
-        pytest.skip(REAL_MANAGER_MISSING)
-    probe = DISCOVERY_PROBE if manager == "contract" else REAL_DISCOVERY_PROBE
-    probe_args = [str(installed_wheel), _gate.BUNDLE_ID]
-    result = run([sys.executable, "-I", "-c", textwrap.dedent(probe), *probe_args], env=clean_env())
-    assert result.returncode == 0, result.stderr[-3000:]
-    found = json.loads(result.stdout)
-    manifest = "vllm_spark2_5_plugin/bundles/spark2_5/" + bundle.RENDERED_FILENAME
-    assert found["manifest_path"] == str(installed_wheel / manifest)
-    (record,) = installed_wheel.glob("vllm_spark2_5_plugin-*.dist-info/RECORD")
-    assert manifest in record.read_text()
-    assert found["imported"] == []
-    if manager == "contract":
-        assert found["distribution_version"] == pyproject()["version"]
-        assert found["blocker"] == bundle.activation_blocker(spark_bundle.manifest)
-
-
-# --- enable state file ------------------------------------------------------------------
-
-
-def manager_cli(manager: str) -> list[str]:
-    """The command line of the contract implementation under test."""
-    if manager == "contract":
-        return [str(Path(sys.executable).with_name("spark2-5-bundle"))]
-    executable = Path(sys.executable).with_name("vllm-hust-ext")
-    if importlib.util.find_spec("vllm_hust_ext") is None or not executable.exists():
-        pytest.skip(REAL_MANAGER_MISSING)
-    return [str(executable), "extension"]
-
-
-@pytest.mark.parametrize("manager", ["contract", "vllm_hust_ext"])
-def test_enable_follows_the_installed_carrier_status(manager, spark_bundle, state_file):
-    result = run([*manager_cli(manager), "enable", _gate.BUNDLE_ID], env=dict(os.environ))
-    blocker = bundle.activation_blocker(spark_bundle.manifest)
-    if blocker is None:
-        assert result.returncode == 0, result.stderr
-        assert bundle.enabled_ids(bundle.read_state(state_file)) == [_gate.BUNDLE_ID]
-        return
-    assert result.returncode == 2
-    (line,) = result.stderr.splitlines()
-    assert line.endswith(f"cannot enable {_gate.BUNDLE_ID!r}: {blocker}")
-    assert not state_file.exists()
-
-
-@pytest.mark.parametrize("status", ["import_only", "legacy_unregistered"])
-def test_enable_is_refused_for_a_descriptor_only_bundle(spark_bundle, state_file, status):
-    with pytest.raises(BundleError) as error:
-        bundle.set_enabled(state_file, with_status(spark_bundle, status), True)
-    assert str(error.value) == (
-        f"cannot enable {_gate.BUNDLE_ID!r}: extension is descriptor-only and cannot be "
-        f"enabled (implementation status: {status})"
-    )
-    assert not state_file.exists()
-
-
-@pytest.mark.parametrize("manager", ["contract", "vllm_hust_ext"])
-def test_state_file_is_written_atomically_owner_only_and_keeps_other_entries(manager, state_file):
-    state_file.parent.mkdir()
-    other = {"enabled": True, "configuration": {"window": 8}}
-    state_file.write_text(
-        json.dumps({"schema_version": 2, "extensions": {"org.example.other": other}})
-    )
-    result = run([*manager_cli(manager), "disable", _gate.BUNDLE_ID], env=dict(os.environ))
-    assert result.returncode == 0, result.stderr
-    assert json.loads(state_file.read_text()) == {
-        "schema_version": 2,
-        "extensions": {
-            "org.example.other": other,
-            _gate.BUNDLE_ID: {"enabled": False, "configuration": {}},
-        },
-    }
-    assert stat.S_IMODE(state_file.stat().st_mode) == 0o600
-    assert [path.name for path in state_file.parent.iterdir()] == [state_file.name]
-
-
-def test_enabling_an_active_bundle_records_intent_only(spark_bundle, state_file):
-    active = with_status(spark_bundle, "active")
-    bundle.set_enabled(state_file, active, True)
-    state = bundle.read_state(state_file)
-    assert state["extensions"][_gate.BUNDLE_ID] == {"enabled": True, "configuration": {}}
-    assert bundle.enabled_ids(state) == [_gate.BUNDLE_ID]
-    assert stat.S_IMODE(state_file.stat().st_mode) == 0o600
-    bundle.set_enabled(state_file, active, False)
-    assert bundle.enabled_ids(bundle.read_state(state_file)) == []
-
-
-def test_a_malformed_state_file_is_one_clear_error(spark_bundle, state_file):
-    state_file.parent.mkdir()
-    state_file.write_text(json.dumps({"schema_version": 2, "extensions": {"x": {"enabled": "on"}}}))
-    with pytest.raises(BundleError) as error:
-        bundle.set_enabled(state_file, spark_bundle, False)
-    assert str(error.value) == f'{state_file}: extensions.x.enabled = "on": must be true or false'
-
-
-# --- the injected environment -------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("allowed_plugins", "expected"),
-    [
-        (None, None),  # unset: vLLM loads every plugin already
-        ("lora_filesystem_resolver", "lora_filesystem_resolver,spark2_5"),
-        ("spark2_5,lora_filesystem_resolver", "spark2_5,lora_filesystem_resolver"),
-        ("", "spark2_5"),  # set but empty: vLLM would load none
-    ],
-)
-@pytest.mark.usefixtures("verified_host")
-def test_enable_injects_the_gate_the_bundle_list_and_extends_vllm_plugins(
-    spark_bundle, allowed_plugins, expected
-):
-    environ = clean_env() if allowed_plugins is None else clean_env(VLLM_PLUGINS=allowed_plugins)
-    injected = bundle.activation_environment([with_status(spark_bundle, "active")], environ)
-    assert injected.pop(_gate.ENABLE_ENV) == "1"
-    assert injected.pop(_gate.ENABLED_BUNDLES_ENVS[0]) == _gate.BUNDLE_ID
-    assert injected.pop(bundle.PLUGINS_ENV, None) == expected
-    assert injected == {}
-
-
-def test_the_real_manager_injects_the_same_environment(spark_bundle, state_file):
-    cli = manager_cli("vllm_hust_ext")
-    blocker = bundle.activation_blocker(spark_bundle.manifest)
-    if blocker:
-        pytest.skip(f"the real manager refuses to enable {_gate.BUNDLE_ID}: {blocker}")
-    env = clean_env(VLLM_PLUGINS="lora_filesystem_resolver")
-    enabled = run([*cli, "enable", _gate.BUNDLE_ID], env=env)
-    assert enabled.returncode == 0, enabled.stderr
-    dry_run = run([cli[0], "run", "--dry-run", "--", "true"], env=env)
-    assert dry_run.returncode == 0, dry_run.stderr
-    injected = json.loads(dry_run.stdout)["environment"]
-    assert injected[_gate.ENABLE_ENV] == "1"
-    assert injected[_gate.ENABLED_BUNDLES_ENVS[0]] == _gate.BUNDLE_ID
-    plugins = injected[bundle.PLUGINS_ENV].split(",")
-    assert plugins[0] == "lora_filesystem_resolver"
-    assert "spark2_5" in plugins
-
-
-@pytest.mark.usefixtures("verified_host")
-def test_bundles_that_disagree_on_a_variable_cannot_be_enabled_together(spark_bundle):
-    first = with_status(spark_bundle, "active")
-    second = dataclasses.replace(
-        with_status(spark_bundle, "active"),
-        extension_id="org.example.other",
-        manifest_path=Path("other.json"),
-    )
-    second.manifest["activation"]["environment"] = {_gate.ENABLE_ENV: "0"}
-    with pytest.raises(BundleError) as error:
-        bundle.activation_environment([first, second], clean_env())
-    assert str(error.value) == (
-        f'other.json: activation.environment.{_gate.ENABLE_ENV} = "0": conflicts with "1" '
-        f"from {_gate.BUNDLE_ID}; enable only one of them"
-    )
-
-
-def test_launch_is_refused_for_a_descriptor_only_bundle(spark_bundle):
-    with pytest.raises(BundleError) as error:
-        bundle.activation_environment([with_status(spark_bundle, "import_only")], clean_env())
-    assert str(error.value) == (
-        f"refusing to launch {_gate.BUNDLE_ID!r}: extension is descriptor-only and cannot be "
-        "enabled (implementation status: import_only)"
-    )
-
-
-def test_env_command_follows_the_installed_carrier_and_host(spark_bundle, state_file):
-    """Launchable exactly when the carrier's status and the installed vLLM allow it."""
-    result = run([*manager_cli("contract"), "env", _gate.BUNDLE_ID], env=dict(os.environ))
-    blocker = bundle.launch_refusal(spark_bundle)
-    if blocker is None:
-        assert result.returncode == 0, result.stderr
-        assert f"export {_gate.ENABLE_ENV}=1\n" in result.stdout
-        return
-    assert result.returncode == 2
-    assert result.stdout == ""
-    assert result.stderr == (
-        f"spark2-5-bundle: error: refusing to launch {_gate.BUNDLE_ID!r}: {blocker}\n"
-    )
-
-
-HOST_VERSIONS = {
-    "0.32.0+cpu": "compatible",  # the verified CPU build's metadata version
-    "0.32.1rc1.dev3": "incompatible",  # prereleases are outside unless the range names one
-    "0.26.0": "incompatible",  # below every run-verified release
-    "0.33.0": "incompatible",
+DISCOVERY_PROBE = {
+    "recorded": """
+        from vllm_hust_bundle_kit import installed
+        (found,) = installed.select(installed.discover(), [extension_id])
+        installed.validate(found)
+    """,
+    "vllm_hust_ext": """
+        from vllm_hust_ext.discovery import discover_bundles
+        (found,) = discover_bundles((extension_id,))
+    """,
 }
 
 
-@pytest.mark.parametrize(("host_version", "state"), HOST_VERSIONS.items(), ids=HOST_VERSIONS)
-def test_launch_follows_the_host_range(spark_bundle, tmp_path, monkeypatch, host_version, state):
-    monkeypatch.syspath_prepend(str(fake_host_distribution(tmp_path, "vllm", host_version)))
-    active = with_status(spark_bundle, "active")
-    compatibility = bundle.host_compatibility(active.manifest)
-    assert (compatibility.host_version, compatibility.state) == (host_version, state)
-    if state == "compatible":
-        assert _gate.ENABLE_ENV in bundle.activation_environment([active], clean_env())
+@pytest.mark.parametrize("manager_kind", MANAGERS)
+def test_discovery_from_the_installed_wheel_imports_no_carrier(
+    installed_wheel, bundle, manager_kind
+):
+    if manager_kind == "vllm_hust_ext":
+        real_manager()
+    carriers = sorted({target.split(":")[0].split(".")[0] for target in bundle.carriers()})
+    probe = textwrap.dedent(
+        f"""
+        import json, sys
+        target, extension_id = sys.argv[1:]
+        sys.path.insert(0, target)
+        {textwrap.dedent(DISCOVERY_PROBE[manager_kind]).strip().replace(chr(10), chr(10) + 8 * " ")}
+        print(json.dumps({{
+            "manifest_path": str(found.manifest_path),
+            "imported": sorted(
+                name for name in sys.modules
+                if name.split(".")[0] in {[*carriers, "vllm", "torch", "transformers"]!r}
+            ),
+        }}))
+        """
+    )
+    result = run(
+        [sys.executable, "-I", "-c", probe, str(installed_wheel), bundle.extension_id],
+        env=clean_env(),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout)
+    manifest = bundle.manifest_path.relative_to(bundle.distribution.package_root).as_posix()
+    assert found["manifest_path"] == str(installed_wheel / manifest)
+    assert found["imported"] == []
+
+
+# --- measured point 1: VLLM_PLUGINS is always set, with `ascend` added ---------------------
+
+PLUGIN_CASES = {
+    "unset": (None, "ascend,{plugin}"),
+    "one-plugin": ("lora_filesystem_resolver", "lora_filesystem_resolver,ascend,{plugin}"),
+    "empty": ("", "ascend,{plugin}"),
+}
+
+
+@pytest.mark.parametrize("manager_kind", MANAGERS)
+@pytest.mark.parametrize(("allowed", "expected"), PLUGIN_CASES.values(), ids=PLUGIN_CASES)
+def test_vllm_plugins_is_always_set_and_ascend_is_added(
+    manager_kind, bundle, switch, plugin, verified_host, state_file, allowed, expected
+):
+    extra = {} if allowed is None else {PLUGINS_ENV: allowed}
+    env = manager_env(state_file, verified_host, **extra)
+    if manager_kind == "recorded":
+        result = run([TOOL, "env", "--json", bundle.extension_id], env=env)
+        assert result.returncode == 0, result.stderr
+        injected = json.loads(result.stdout)
+    else:
+        cli = real_manager()
+        assert run([cli, "extension", "enable", bundle.extension_id], env=env).returncode == 0
+        dry_run = run([cli, "run", "--dry-run", "--", "true"], env=env)
+        assert dry_run.returncode == 0, dry_run.stderr
+        injected = json.loads(dry_run.stdout)["environment"]
+    assert injected[PLUGINS_ENV] == expected.format(plugin=plugin)
+    assert injected[switch] == "1"
+    assert injected[ENABLED_BUNDLES_ENVS[0]] == bundle.extension_id
+
+
+# --- measured point 2: a real launch sets more than --dry-run shows -------------------------
+
+
+@pytest.mark.parametrize("manager_kind", MANAGERS)
+def test_a_real_launch_sets_evidence_variables_that_dry_run_does_not_show(
+    manager_kind, bundle, verified_host, state_file
+):
+    env = manager_env(state_file, verified_host)
+    if manager_kind == "recorded":
+        code, report, _ = inspect(bundle.extension_id, env)
+        assert code == 0
+        assert report["launch_also_sets"] == list(MANAGER_LAUNCH_ONLY_ENVS)
         return
+    cli = real_manager()
+    assert run([cli, "extension", "enable", bundle.extension_id], env=env).returncode == 0
+    probe = "import json, os; print(json.dumps(dict(os.environ)))"
+    launched = run([cli, "run", "--", sys.executable, "-c", probe], env=env)
+    assert launched.returncode == 0, launched.stderr
+    seen = json.loads(launched.stdout.splitlines()[-1])
+    assert set(MANAGER_LAUNCH_ONLY_ENVS) <= set(seen)
+
+
+# --- measured point 3: another bundle's enabled-but-missing entry blocks the manager --------
+
+
+@pytest.mark.parametrize("manager_kind", MANAGERS)
+def test_an_enabled_bundle_that_is_not_installed_blocks_the_manager(
+    manager_kind, bundle, verified_host, state_file
+):
+    write_state(state_file, {"org.example.other": {"enabled": True, "configuration": {}}})
+    env = manager_env(state_file, verified_host)
+    expected = "enabled Bundles are not installed: ['org.example.other']"
+    if manager_kind == "recorded":
+        code, report, err = inspect(bundle.extension_id, env)
+        assert code == 1
+        assert expected in report["manager_state"]["problem"]
+        assert err.count("\n") == 1
+        return
+    cli = real_manager()
+    for argv in (["extension", "enable"], ["extension", "disable"]):
+        result = run([cli, *argv, bundle.extension_id], env=env)
+        assert result.returncode == 2 and expected in result.stderr
+    result = run([cli, "run", "--dry-run", "--", "true"], env=env)
+    assert result.returncode == 2 and expected in result.stderr
+
+
+# --- measured point 4: pre-release hosts are judged by the installed packaging ------------
+
+HOST_VERSIONS = ["0.32.1rc1", "0.32.1rc1.dev3", "0.33.0", "0.26.0"]
+
+
+@pytest.mark.parametrize("manager_kind", MANAGERS)
+@pytest.mark.parametrize("host_version", HOST_VERSIONS)
+def test_prerelease_hosts_are_judged_by_the_installed_packaging(
+    manager_kind, bundle, tmp_path, state_file, host_version
+):
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    version_range = bundle.manifest["host"]["version_range"]
+    # What packaging's own default says: the manager asks exactly this.
+    expected = (
+        "compatible"
+        if SpecifierSet(version_range).contains(Version(host_version))
+        else "incompatible"
+    )
+    env = manager_env(state_file, fake_host_distribution(tmp_path, "vllm", host_version))
+    if manager_kind == "recorded":
+        code, report, _ = inspect(bundle.extension_id, env)
+        assert report["host"]["installed"] == host_version
+        assert report["host"]["compatibility"] == expected
+        assert code == (0 if expected == "compatible" else 1)
+        if Version(host_version).is_prerelease and expected == "compatible":
+            assert "no pre-release was verified" in report["host"]["note"]
+        return
+    result = run([real_manager(), "extension", "check", bundle.extension_id], env=env)
+    assert result.returncode == 0, result.stderr
+    assert expected in json.loads(result.stdout)["states"]
+
+
+# --- measured point 5: the manager owns its state; this project never writes it ------------
+
+
+@pytest.mark.parametrize("manager_kind", MANAGERS)
+def test_enable_and_disable_are_the_managers_alone(manager_kind, state_file):
+    """The real manager's `disable <unknown id>` exits 0 and records the id; this project
+    has no command that writes the manager's state, so it cannot diverge from it."""
+    if manager_kind == "recorded":
+        result = run([TOOL, "--help"], env=clean_env())
+        assert result.returncode == 0
+        listing = result.stdout.split("positional arguments:", 1)[1].split("options:", 1)[0]
+        commands = re.findall(r"^    (\w+)", listing, re.M)
+        assert commands == ["render", "validate", "inspect", "env"]
+        return
+    env = manager_env(state_file)
+    result = run([real_manager(), "extension", "disable", "org.example.unknown"], env=env)
+    assert result.returncode == 0
+    state = json.loads(state_file.read_text())
+    assert state["extensions"]["org.example.unknown"]["enabled"] is False
+
+
+# --- measured point 6: error lines ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("manager_kind", MANAGERS)
+def test_errors_are_one_line_here_and_two_lines_from_the_manager(manager_kind, state_file):
+    env = manager_env(state_file)
+    if manager_kind == "recorded":
+        result = run([TOOL, "env", "org.example.not-installed"], env=env)
+        assert result.returncode == 2
+        (line,) = result.stderr.splitlines()
+        assert line.startswith("vllm-hust-bundle: error: extension 'org.example.not-installed'")
+        return
+    result = run([real_manager(), "extension", "enable", "org.example.not-installed"], env=env)
+    assert result.returncode == 2
+    usage, error = result.stderr.splitlines()
+    assert usage.startswith("usage: vllm-hust-ext") and error.startswith("vllm-hust-ext: error:")
+
+
+# --- measured point 7: a corrupt state file ---------------------------------------------------
+
+
+@pytest.mark.parametrize("manager_kind", MANAGERS)
+@pytest.mark.parametrize(
+    ("content", "recorded", "measured"),
+    [
+        ("{", "is not valid JSON", "Expecting property name enclosed in double quotes"),
+        (
+            json.dumps({"schema_version": 3, "extensions": {}}),
+            "schema_version = 3: must be 2",
+            "unsupported schema",
+        ),
+        (
+            json.dumps({"schema_version": 2, "extensions": {"x": {"enabled": "on"}}}),
+            'extensions.x.enabled = "on": must be true or false',
+            "enabled must be boolean",
+        ),
+    ],
+    ids=["not-json", "schema-3", "enabled-not-boolean"],
+)
+def test_a_corrupt_state_file_is_reported_and_left_untouched(
+    manager_kind, bundle, verified_host, state_file, content, recorded, measured
+):
+    state_file.parent.mkdir(parents=True)
+    state_file.write_text(content)
+    env = manager_env(state_file, verified_host)
+    if manager_kind == "recorded":
+        code, report, _ = inspect(bundle.extension_id, env)
+        assert code == 1
+        problem = report["manager_state"]["problem"]
+        assert problem.startswith(f"{state_file}: ") and recorded in problem  # names the file
+    else:
+        result = run([real_manager(), "extension", "enable", bundle.extension_id], env=env)
+        assert result.returncode == 2 and measured in result.stderr
+    assert state_file.read_text() == content
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "deep", "huge"])
+def test_a_hostile_state_path_is_reported_without_hanging(bundle, verified_host, tmp_path, kind):
+    import os
+
+    state = tmp_path / "state"
+    if kind == "fifo":
+        os.mkfifo(state)
+    elif kind == "folder":
+        state.mkdir()
+    elif kind == "deep":
+        state.write_text("[" * 100_000)
+    else:
+        state.write_bytes(b" " * (5 * 1024 * 1024))
+    code, report, _ = inspect(bundle.extension_id, manager_env(state, verified_host))
+    assert code == 1
+    assert report["manager_state"]["problem"].startswith(f"{state}: ")
+
+
+def test_a_state_path_under_a_regular_file_is_reported(bundle, verified_host, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, report, _ = inspect(bundle.extension_id, manager_env(blocker / "x.json", verified_host))
+    # Nothing to read there: the manager would see no state, so nothing is enabled.
+    assert code == 0 and report["manager_state"]["enabled"] is False
+
+
+# --- measured point 8: an import_only bundle ------------------------------------------------
+
+
+def test_an_import_only_bundle_is_refused_a_launch_with_the_managers_words(bundle):
     with pytest.raises(BundleError) as error:
-        bundle.activation_environment([active], clean_env())
+        manager.activation_environment([with_status(bundle, "import_only")], clean_env())
     assert str(error.value) == (
-        f"refusing to launch {_gate.BUNDLE_ID!r}: host vllm {host_version} is outside "
-        f"host.version_range {active.manifest['host']['version_range']!r} (incompatible)"
+        f"refusing to launch {bundle.extension_id!r}: extension is descriptor-only and cannot "
+        "be enabled (implementation status: import_only)"
     )
 
 
-@pytest.mark.parametrize("manager", ["contract", "vllm_hust_ext"])
-@pytest.mark.parametrize(("host_version", "state"), HOST_VERSIONS.items(), ids=HOST_VERSIONS)
-def test_installed_host_compatibility_is_reported(tmp_path, manager, host_version, state):
-    cli = manager_cli(manager)
-    host = fake_host_distribution(tmp_path, "vllm", host_version)
-    env = clean_env(PYTHONPATH=str(host))
-    if manager == "contract":
-        result = run([*cli, "inspect", _gate.BUNDLE_ID], env=env)
-        assert result.returncode == 0, result.stderr
-        (report,) = json.loads(result.stdout)
-        assert report["host"]["installed"] == host_version
-        assert report["host"]["compatibility"] == state
-    else:
-        result = run([*cli, "check", _gate.BUNDLE_ID], env=env)
-        assert result.returncode == 0, result.stderr
-        assert state in json.loads(result.stdout)["states"]
+# --- measured point 9: this project validates more strictly than the manager ----------------
 
 
-def test_launch_is_refused_when_the_host_is_not_installed(spark_bundle):
-    active = with_status(spark_bundle, "active")
+def _mutated(bundle: installed.Bundle, change) -> installed.Bundle:
+    manifest = json.loads(json.dumps(bundle.manifest))
+    change(manifest)
+    return dataclasses.replace(bundle, manifest=manifest)
+
+
+STRICTER = {
+    "open-ended-range": (
+        lambda m: m["host"].update(version_range=">=0"),
+        "host.version_range",
+    ),
+    "schema-0.3": (lambda m: m.update(schema_version="0.3"), "schema_version"),
+    "unresolvable-reference": (
+        lambda m: m["implementation"][0].update(object="no_such_object"),
+        "implementation[0].object",
+    ),
+    "vllm-plugins-in-environment": (
+        lambda m: m["activation"]["environment"].update(VLLM_PLUGINS="x"),
+        "activation.environment.VLLM_PLUGINS",
+    ),
+    "empty-environment-value": (
+        lambda m: m["activation"]["environment"].update(SOME_SETTING=""),
+        "activation.environment.SOME_SETTING",
+    ),
+    "dollar-environment-value": (
+        lambda m: m["activation"]["environment"].update(SOME_SETTING="$HOME"),
+        "activation.environment.SOME_SETTING",
+    ),
+    "version-not-the-distributions": (
+        lambda m: m.update(extension_version="9.9.9"),
+        "extension_version",
+    ),
+}
+
+
+@pytest.mark.parametrize(("change", "field"), STRICTER.values(), ids=STRICTER)
+def test_validate_refuses_what_the_manager_accepts(bundle, change, field):
+    with pytest.raises(BundleError) as error:
+        installed.validate(_mutated(bundle, change))
+    assert f": {field} = " in str(error.value)
+
+
+# --- launches predicted from the host range -----------------------------------------------------
+
+
+def test_launch_is_refused_when_the_host_is_not_installed(bundle):
+    active = with_status(bundle, "active")
     active.manifest["host"]["name"] = "vllm-host-that-is-not-installed"
     with pytest.raises(BundleError) as error:
-        bundle.activation_environment([active], clean_env())
+        manager.activation_environment([active], clean_env())
     assert str(error.value) == (
-        f"refusing to launch {_gate.BUNDLE_ID!r}: "
+        f"refusing to launch {bundle.extension_id!r}: "
         "host vllm-host-that-is-not-installed is not installed (unknown)"
     )
 
 
-# --- a real vLLM launched with exactly the injected environment --------------------------------
-
-
-@pytest.mark.serve
-@pytest.mark.usefixtures("verified_host")
-def test_vllm_serve_with_the_injected_environment_loads_the_carrier_enabled(
-    spark_bundle, tiny_llama, tmp_path
+def test_bundles_that_disagree_on_a_variable_cannot_be_enabled_together(
+    bundle, switch, verified_host, monkeypatch
 ):
-    active = with_status(spark_bundle, "active")
-    state_path = tmp_path / "vllm-hust-ext.json"
-    bundle.set_enabled(state_path, active, True)
-    enabled = bundle.select([active], bundle.enabled_ids(bundle.read_state(state_path)))
-    # Another plugin allow-listed by the operator: enabling must extend the list, not replace it.
-    launch_env = clean_env(VLLM_PLUGINS="lora_filesystem_resolver", **CPU_SERVE_ENV)
-    injected = bundle.activation_environment(enabled, launch_env)
-    assert injected == {
-        _gate.ENABLE_ENV: "1",
-        _gate.ENABLED_BUNDLES_ENVS[0]: _gate.BUNDLE_ID,
-        bundle.PLUGINS_ENV: "lora_filesystem_resolver,spark2_5",
-    }
-    launch_env.update(injected)
+    monkeypatch.syspath_prepend(str(verified_host))
+    first = with_status(bundle, "active")
+    second = dataclasses.replace(
+        with_status(bundle, "active"),
+        extension_id="org.example.other",
+        manifest_path=Path("other.json"),
+    )
+    second.manifest["activation"]["environment"] = {switch: "0"}
+    with pytest.raises(BundleError) as error:
+        manager.activation_environment([first, second], clean_env())
+    assert str(error.value) == (
+        f'other.json: activation.environment.{switch} = "0": conflicts with "1" '
+        f"from {bundle.extension_id}; enable only one of them"
+    )
 
-    server = VllmServer(tiny_llama, env=launch_env, log_path=tmp_path / "serve.log")
-    assert server.env == launch_env
-    with server:
-        pass
-    lines = [line for line in server.log().splitlines() if LOAD_LINE in line]
-    assert lines, server.log()[-4000:]
-    version_range = spark_bundle.manifest["host"]["version_range"]
-    for line in lines:
-        assert "enabled=1" in line, line
-        assert f"verified={version_range}" in line, line
+
+def test_env_refuses_a_launch_the_manager_would_refuse(bundle, tmp_path, state_file):
+    host = fake_host_distribution(tmp_path, "vllm", "0.0.1")
+    result = run([TOOL, "env", bundle.extension_id], env=manager_env(state_file, host))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"vllm-hust-bundle: error: refusing to launch {bundle.extension_id!r}")
+    assert "host vllm 0.0.1 is outside host.version_range" in line
+
+
+def test_the_manifest_file_name_is_the_contracts(bundle):
+    assert bundle.manifest_path.name == RENDERED_FILENAME

@@ -1,4 +1,9 @@
-"""manifest.toml, the JSON manifest rendered from it, and the checks a schema cannot make."""
+"""manifest.toml, the JSON manifest rendered from it, and the checks a schema cannot make.
+
+Driven through ``vllm-hust-bundle render`` on copies of this repository, so
+every error is checked as an operator sees it: one line naming the file, the
+field and its value, exit status 2, and nothing written.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,13 @@ import re
 import stat
 from pathlib import Path
 
+import packaging
 import pytest
-from bundle_support import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+from carrier_harness.project import (
     PROJECT_ROOT,
     copy_project,
     manifest_source,
@@ -19,66 +29,57 @@ from bundle_support import (
     pyproject,
     with_status,
 )
-from jsonschema import Draft202012Validator
-
-from vllm_spark2_5_plugin import _gate, _registration, bundle
-from vllm_spark2_5_plugin.bundle_cli import main
-
-# Flip a carrier here (and in manifest.toml) only together with its archived evidence.
-PINNED_CARRIER_STATUS = {"vllm_spark2_5_plugin:register": "active"}
+from vllm_hust_bundle_kit import installed, render
+from vllm_hust_bundle_kit.cli import main
+from vllm_hust_bundle_kit.contract import RENDERED_FILENAME, VLLM_PLUGIN_GROUP
+from vllm_hust_bundle_kit.schemas import MANIFEST_SCHEMA
+from vllm_hust_bundle_kit.versions import host_in_range, range_problem, rules_disagree
 
 
 def test_manifest_schema_is_a_valid_json_schema():
-    Draft202012Validator.check_schema(bundle.MANIFEST_SCHEMA)
+    Draft202012Validator.check_schema(MANIFEST_SCHEMA)
 
 
 def test_checked_in_manifest_is_what_manifest_toml_renders():
-    for rendered in bundle.render(PROJECT_ROOT):
+    for rendered in render.render(PROJECT_ROOT):
         assert rendered.is_current(), (
-            f"{rendered.path} is stale: run `spark2-5-bundle render` and commit the result"
+            f"{rendered.path} is stale: run `vllm-hust-bundle render` and commit the result"
         )
 
 
 def test_each_bundle_in_manifest_toml_is_installed_under_its_entry_point():
     source_ids = [item["extension_id"] for item in manifest_source()["bundle"]]
-    installed = our_bundles()
-    assert [found.extension_id for found in installed] == sorted(source_ids)
-    assert _gate.BUNDLE_ID in source_ids
+    found = our_bundles()
+    assert [bundle.extension_id for bundle in found] == sorted(source_ids)
     rendered = {
-        item.path.parent.name: json.loads(item.text) for item in bundle.render(PROJECT_ROOT)
+        item.path.parent.name: json.loads(item.text) for item in render.render(PROJECT_ROOT)
     }
-    for found in installed:
-        bundle.validate(found)
-        assert found.manifest_path.name == bundle.RENDERED_FILENAME
-        assert found.manifest == rendered[found.manifest_path.parent.name]
+    for bundle in found:
+        installed.validate(bundle)
+        assert bundle.manifest_path.name == RENDERED_FILENAME
+        assert bundle.manifest == rendered[bundle.manifest_path.parent.name]
 
 
 def test_every_general_plugin_of_the_distribution_is_a_carrier_of_a_bundle():
     name = normalized(pyproject()["name"])
     plugins = [
         entry_point
-        for entry_point in importlib.metadata.entry_points(group=bundle.VLLM_PLUGIN_GROUP)
+        for entry_point in importlib.metadata.entry_points(group=VLLM_PLUGIN_GROUP)
         if normalized(entry_point.dist.name) == name
     ]
     assert plugins
     activated = {
-        (item["name"], f"{carrier['module']}:{carrier['object']}")
-        for found in our_bundles()
-        for item in found.manifest["activation"]["entry_points"]
-        for carrier in found.manifest["implementation"]
-        if item["group"] == bundle.VLLM_PLUGIN_GROUP
+        (item["name"], target)
+        for bundle in our_bundles()
+        for item in bundle.manifest["activation"]["entry_points"]
+        for target in bundle.carriers()
+        if item["group"] == VLLM_PLUGIN_GROUP
     }
     for plugin in plugins:
         assert (plugin.name, plugin.value) in activated, plugin
 
 
-def test_carrier_status_is_pinned_and_active_carriers_rest_on_archived_evidence():
-    installed = {
-        f"{item['module']}:{item['object']}": item["status"]
-        for found in our_bundles()
-        for item in found.manifest["implementation"]
-    }
-    assert installed == PINNED_CARRIER_STATUS
+def test_active_carriers_rest_on_archived_evidence():
     for source in manifest_source()["bundle"]:
         for carrier in source["carriers"]:
             if carrier["status"] == "active":
@@ -88,38 +89,38 @@ def test_carrier_status_is_pinned_and_active_carriers_rest_on_archived_evidence(
 
 
 def test_activation_blocker_follows_the_documented_rule():
-    (found,) = [item for item in our_bundles() if item.extension_id == _gate.BUNDLE_ID]
-    assert bundle.activation_blocker(with_status(found, "import_only").manifest) == (
+    found = our_bundles()[0]
+    assert installed.activation_blocker(with_status(found, "import_only").manifest) == (
         "extension is descriptor-only and cannot be enabled (implementation status: import_only)"
     )
-    assert bundle.activation_blocker(with_status(found, "active").manifest) is None
-
+    assert installed.activation_blocker(with_status(found, "active").manifest) is None
     mixed = with_status(found, "legacy_unregistered").manifest
     mixed["implementation"].append({**mixed["implementation"][0], "status": "import_only"})
-    assert bundle.activation_blocker(mixed) == (
+    assert installed.activation_blocker(mixed) == (
         "extension is descriptor-only and cannot be enabled "
         "(implementation status: import_only, legacy_unregistered)"
     )
     mixed["implementation"].append({**mixed["implementation"][0], "status": "active"})
-    assert bundle.activation_blocker(mixed) is None
+    assert installed.activation_blocker(mixed) is None
 
 
 def test_version_is_typed_once_in_pyproject():
     version = pyproject()["version"]
     assert importlib.metadata.version(pyproject()["name"]) == version
-    for found in our_bundles():
-        assert found.manifest["extension_version"] == version
+    for bundle in our_bundles():
+        assert bundle.manifest["extension_version"] == version
 
 
-def test_host_range_pins_the_verified_vllm_and_feeds_the_load_line():
-    assert _registration.MANIFEST_NAME == bundle.RENDERED_FILENAME
-    (source,) = [b for b in manifest_source()["bundle"] if b["extension_id"] == _gate.BUNDLE_ID]
-    version_range = source["host"]["version_range"]
-    assert bundle._range_problem(version_range) is None
-    assert source["host"]["verified_on"]
-    for verified in source["host"]["verified_on"]:
-        assert bundle.host_in_range(verified, version_range)
-    assert _registration.verified_host_range() == version_range
+def test_each_host_range_is_bounded_and_contains_its_verified_hosts():
+    for source in manifest_source()["bundle"]:
+        host = source["host"]
+        assert range_problem(host["version_range"]) is None
+        assert host["verified_on"]
+        for verified in host["verified_on"]:
+            assert host_in_range(verified, host["version_range"])
+
+
+# --- how a host version is judged against a range (as the manager judges it) ----------
 
 
 @pytest.mark.parametrize(
@@ -128,49 +129,58 @@ def test_host_range_pins_the_verified_vllm_and_feeds_the_load_line():
         ("0.32.0", True),
         ("0.32.0+cpu", True),
         ("0.32.7", True),
-        ("0.32.1rc1.dev3", False),
-        ("0.32.0rc1", False),
+        ("0.32.0.post1", True),
+        ("0.32.0rc1", False),  # below the lower bound under either rule
         ("0.31.0", False),
         ("0.33.0", False),
-        ("0.33.0rc1", False),
+        ("0.33.0rc1", False),  # `<0.33` excludes 0.33's own pre-releases under either rule
         ("not-a-version", False),
     ],
 )
-def test_host_range_uses_the_default_prerelease_rule(host_version, inside):
-    assert bundle.host_in_range(host_version, ">=0.32.0,<0.33") is inside
+def test_final_releases_and_the_bounds_own_prereleases_are_judged_alike(host_version, inside):
+    assert host_in_range(host_version, ">=0.32.0,<0.33") is inside
+    assert not rules_disagree(host_version, ">=0.32.0,<0.33")
 
 
-def test_a_range_that_names_a_prerelease_admits_prereleases():
-    assert bundle.host_in_range("0.33.0rc2", ">=0.33.0rc1,<0.34")
-    assert not bundle.host_in_range("0.33.0rc2", ">=0.33.0,<0.34")
+@pytest.mark.parametrize("host_version", ["0.32.1rc1", "0.32.1rc1.dev3", "0.32.5a1"])
+def test_a_prerelease_between_the_bounds_is_judged_as_the_installed_packaging_does(host_version):
+    """packaging >= 26 admits it, older packaging does not; the manager uses the installed one."""
+    assert rules_disagree(host_version, ">=0.32.0,<0.33")
+    lenient = int(packaging.__version__.split(".")[0]) >= 26
+    assert host_in_range(host_version, ">=0.32.0,<0.33") is lenient
+
+
+def test_a_range_that_names_a_prerelease_admits_prereleases_under_both_rules():
+    assert host_in_range("0.33.0rc2", ">=0.33.0rc1,<0.34")
+    assert not rules_disagree("0.33.0rc2", ">=0.33.0rc1,<0.34")
 
 
 @pytest.mark.parametrize(
     "version_range", [">=0", ">0", ">=0.32.0", "<0.33", "!=0.31.0", ">=0,<0.33", ""]
 )
 def test_open_ended_host_ranges_are_rejected(version_range):
-    assert bundle._range_problem(version_range)
+    assert range_problem(version_range)
 
 
 @pytest.mark.parametrize("version_range", [">=0.32.0,<0.33", "==0.32.0", "==0.32.*", "~=0.32.0"])
 def test_bounded_host_ranges_are_accepted(version_range):
-    assert bundle._range_problem(version_range) is None
-
-
-def test_activation_environment_opens_the_carrier_gate():
-    for found in our_bundles():
-        environment = found.manifest["activation"]["environment"]
-        assert _gate.decide(environment).enabled
-        assert _gate.decide({_gate.ENABLED_BUNDLES_ENVS[0]: found.extension_id}).enabled
+    assert range_problem(version_range) is None
 
 
 # --- bad manifest.toml: one line naming file, key and value; nothing written ---------------
 
-# What manifest.toml spells today, for the mutations below.
-MANIFEST_SOURCE = (Path(__file__).parents[1] / "manifest.toml").read_text()
-EVIDENCE_LIST = re.search(r"evidence = \[[^\]]*\]", MANIFEST_SOURCE).group(0)
-RANGE_LINE = re.search(r'^version_range = "[^"]*"', MANIFEST_SOURCE, re.M).group(0)
-FIRST_VERIFIED_HOST = re.search(r'^verified_on = \[\s*"([^"]+)"', MANIFEST_SOURCE, re.M).group(1)
+SOURCE_TEXT = (PROJECT_ROOT / "manifest.toml").read_text()
+FIRST = manifest_source()["bundle"][0]
+FIRST_ID = FIRST["extension_id"]
+(SWITCH,) = [name for name, value in FIRST["activation"]["environment"].items() if value == "1"]
+FIRST_PLUGIN = FIRST["activation"]["entry_points"][0]["name"]
+FIRST_CARRIER = FIRST["carriers"][0]
+SECOND_REF = FIRST["components"][1]["implementation_ref"]
+EVIDENCE_LIST = re.search(r"evidence = \[[^\]]*\]", SOURCE_TEXT).group(0)
+RANGE_LINE = re.search(r'^version_range = "[^"]*"', SOURCE_TEXT, re.M).group(0)
+FIRST_VERIFIED = FIRST["host"]["verified_on"][0]
+FIRST_PROTOCOL = re.search(r'\[\[bundle\.protocols\]\]\nname = "[^"]*"\n', SOURCE_TEXT).group(0)
+FIRST_CARRIER_TABLE = re.search(r"\[\[bundle\.carriers\]\]\n(?:.*\n)*?\]\n", SOURCE_TEXT)
 BAD_SOURCES = {
     "unknown-key": (
         'provider = "vllm"',
@@ -183,9 +193,9 @@ BAD_SOURCES = {
         'bundle[0].requires_services = "none": must be an array',
     ),
     "bad-identifier": (
-        'extension_id = "org.vllm-hust.spark2-5"',
-        'extension_id = "org.vllm_hust.spark2_5"',
-        'bundle[0].extension_id = "org.vllm_hust.spark2_5": must be lowercase',
+        f'extension_id = "{FIRST_ID}"',
+        f'extension_id = "{FIRST_ID.replace("-", "_")}_x"',
+        f'bundle[0].extension_id = "{FIRST_ID.replace("-", "_")}_x": must be lowercase',
     ),
     "unparsable-range": (
         RANGE_LINE,
@@ -204,8 +214,8 @@ BAD_SOURCES = {
     ),
     "range-misses-verified-host": (
         RANGE_LINE,
-        'version_range = ">=0.33.0,<0.34"',
-        f'bundle[0].host.verified_on[0] = "{FIRST_VERIFIED_HOST}": is outside host.version_range',
+        'version_range = ">=99.0,<99.1"',
+        f'bundle[0].host.verified_on[0] = "{FIRST_VERIFIED}": is outside host.version_range',
     ),
     "toml-syntax": (
         'kind = "in_process_plugin"',
@@ -218,7 +228,7 @@ BAD_SOURCES = {
         ("not valid TOML: Cannot overwrite", 'the line reads: kind = "scheduler_policy"'),
     ),
     "unknown-status": (
-        'status = "active"',
+        f'status = "{FIRST_CARRIER["status"]}"',
         'status = "enabled"',
         'bundle[0].carriers[0].status = "enabled": must be one of: active, import_only',
     ),
@@ -229,72 +239,105 @@ BAD_SOURCES = {
     ),
     "missing-evidence-file": (
         EVIDENCE_LIST,
-        'evidence = ["extensions/spark2_5/evidence/no-such-run.log"]',
-        'bundle[0].carriers[0].evidence[0] = "extensions/spark2_5/evidence/no-such-run.log": '
+        'evidence = ["extensions/no-such-run.log"]',
+        'bundle[0].carriers[0].evidence[0] = "extensions/no-such-run.log": '
         "must be an existing file",
     ),
+    "evidence-outside-the-project": (
+        EVIDENCE_LIST,
+        'evidence = ["../../../../../../etc/hostname"]',
+        "must be an existing file inside the project",
+    ),
+    "evidence-path-with-nul": (
+        EVIDENCE_LIST,
+        'evidence = ["extensions/a\\u0000b"]',
+        "must be an existing file inside the project",
+    ),
+    "evidence-path-too-long": (
+        EVIDENCE_LIST,
+        f'evidence = ["{"x" * 5000}"]',
+        "must be an existing file inside the project",
+    ),
     "carrier-object-not-defined": (
-        'object = "register"',
+        f'object = "{FIRST_CARRIER["object"]}"',
         'object = "regsiter"',
         'bundle[0].carriers[0].object = "regsiter": ',
     ),
+    "carrier-listed-twice": (
+        FIRST_CARRIER_TABLE.group(0),
+        FIRST_CARRIER_TABLE.group(0)
+        + FIRST_CARRIER_TABLE.group(0).replace('status = "active"', 'status = "import_only"'),
+        "bundle[0].carriers[1] = ",
+    ),
+    "protocol-listed-twice": (
+        FIRST_PROTOCOL,
+        FIRST_PROTOCOL + "\n" + FIRST_PROTOCOL,
+        "duplicate protocol; list each once",
+    ),
     "component-module-missing": (
-        '"vllm_spark2_5_plugin.spark2_5_config:Spark2_5Config"',
-        '"vllm_spark2_5_plugin.no_such_module:Spark2_5Config"',
-        'bundle[0].components[1].implementation_ref = "vllm_spark2_5_plugin.no_such_module:'
-        "Spark2_5Config\": module 'vllm_spark2_5_plugin.no_such_module' not found",
+        f'"{SECOND_REF}"',
+        f'"{SECOND_REF.split(".")[0]}.no_such_module:X"',
+        f'bundle[0].components[1].implementation_ref = "{SECOND_REF.split(".")[0]}'
+        f".no_such_module:X\": module '{SECOND_REF.split('.')[0]}.no_such_module' not found",
     ),
     "entry-point-not-installed": (
-        'name = "spark2_5" }',
-        'name = "spark25" }',
+        f'name = "{FIRST_PLUGIN}" }}',
+        'name = "no_such_plugin" }',
         'bundle[0].activation.entry_points[0] = {"group": "vllm.general_plugins", '
-        '"name": "spark25"}: distribution vllm-spark2_5-plugin installs no such entry point',
+        '"name": "no_such_plugin"}: distribution',
     ),
     "environment-not-a-literal": (
-        'SPARK2_5_PLUGIN_ENABLE = "1"',
-        'SPARK2_5_PLUGIN_ENABLE = "${ENABLE}"',
-        'bundle[0].activation.environment.SPARK2_5_PLUGIN_ENABLE = "${ENABLE}": must be the '
-        "literal value",
+        f'{SWITCH} = "1"',
+        f'{SWITCH} = "${{ENABLE}}"',
+        f'bundle[0].activation.environment.{SWITCH} = "${{ENABLE}}": must be the literal value',
     ),
     "environment-owned-by-the-manager": (
-        'SPARK2_5_PLUGIN_ENABLE = "1"',
-        'SPARK2_5_PLUGIN_ENABLE = "1", VLLM_PLUGINS = "spark2_5"',
-        'bundle[0].activation.environment.VLLM_PLUGINS = "spark2_5": is computed by the '
-        "extension manager",
+        f'{SWITCH} = "1"',
+        f'{SWITCH} = "1", VLLM_PLUGINS = "x"',
+        'bundle[0].activation.environment.VLLM_PLUGINS = "x": is computed by the extension manager',
     ),
     "environment-not-a-string": (
-        'SPARK2_5_PLUGIN_ENABLE = "1"',
-        "SPARK2_5_PLUGIN_ENABLE = 1",
-        "bundle[0].activation.environment.SPARK2_5_PLUGIN_ENABLE = 1: must be a string",
+        f'{SWITCH} = "1"',
+        f"{SWITCH} = 1",
+        f"bundle[0].activation.environment.{SWITCH} = 1: must be a string",
     ),
     "no-entry-point-for-bundle": (
-        'extension_id = "org.vllm-hust.spark2-5"',
-        'extension_id = "org.vllm-hust.spark2-6"',
-        "pyproject.toml: project.entry-points.vllm_hust.extension_bundles."
-        "'org.vllm-hust.spark2-5': no [[bundle]] with this extension_id",
+        f'extension_id = "{FIRST_ID}"',
+        f'extension_id = "{FIRST_ID}-x"',
+        f"pyproject.toml: project.entry-points.vllm_hust.extension_bundles.'{FIRST_ID}': "
+        "no [[bundle]] with this extension_id",
+    ),
+    "deeply-nested": (
+        "requires_services = []",
+        "requires_services = " + "[" * 5000 + "]" * 5000,
+        "nested too deeply",
     ),
 }
 
 
-def _directory_state(directory):
-    return {path.name: path.read_bytes() for path in directory.iterdir()}
+def _tree_state(root: Path) -> dict[str, bytes]:
+    return {
+        str(path.relative_to(root)): path.read_bytes()
+        for path in sorted(root.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    }
 
 
 @pytest.fixture
 def project(tmp_path):
-    return copy_project(tmp_path)
+    (tmp_path / "project").mkdir()
+    return copy_project(tmp_path / "project")
 
 
-def render_failure(project, capsys) -> str:
-    """Run ``spark2-5-bundle render`` on ``project``; assert it failed cleanly, return the line."""
-    package_dir = project / "src/vllm_spark2_5_plugin/bundles/spark2_5"
-    before = _directory_state(package_dir)
-    assert main(["render", "--root", str(project)]) == 2
+def render_failure(project, capsys, root=None) -> str:
+    """Run ``render`` on ``project``; assert it failed cleanly and wrote nothing; the line."""
+    before = _tree_state(project.parent)
+    assert main(["render", "--root", str(root or project)]) == 2
     out, err = capsys.readouterr()
     assert out == ""
     assert err.endswith("\n") and err.count("\n") == 1, err
-    assert err.startswith("spark2-5-bundle: error: ")
-    assert _directory_state(package_dir) == before, "render wrote something despite the error"
+    assert err.startswith("vllm-hust-bundle: error: ")
+    assert _tree_state(project.parent) == before, "render wrote something despite the error"
     return err.strip()
 
 
@@ -308,7 +351,7 @@ def test_bad_manifest_toml_is_one_clear_error(project, capsys, old, new, expecte
     for fragment in (expected,) if isinstance(expected, str) else expected:
         assert fragment in error
     named_file = "pyproject.toml" if "pyproject.toml" in str(expected) else "manifest.toml"
-    assert error.startswith(f"spark2-5-bundle: error: {project / named_file}: ")
+    assert error.startswith(f"vllm-hust-bundle: error: {project / named_file}: ")
 
 
 def test_duplicate_bundle_id_is_one_clear_error(project, capsys):
@@ -316,7 +359,7 @@ def test_duplicate_bundle_id_is_one_clear_error(project, capsys):
     text = source.read_text()
     source.write_text(text + text[text.index("\n[[bundle]]") :])
     error = render_failure(project, capsys)
-    assert 'bundle[1].extension_id = "org.vllm-hust.spark2-5": duplicate extension_id' in error
+    assert f'bundle[1].extension_id = "{FIRST_ID}": duplicate extension_id' in error
 
 
 def test_version_comes_from_pyproject(project, capsys):
@@ -328,12 +371,83 @@ def test_version_comes_from_pyproject(project, capsys):
     assert "is not a valid PEP 440 version" in error
 
 
+def _first_bundle_entry_point(text: str) -> str:
+    return re.search(r'^"' + re.escape(FIRST_ID) + r'" = "[^"]*"$', text, re.M).group(0)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ('"/etc/vllm-hust"', "whose value is the dotted name of the package"),
+        ('"src.outside"', "is not a folder under the project root"),
+        ("3", "project.entry-points.vllm_hust.extension_bundles." + FIRST_ID + " = 3: must be"),
+    ],
+    ids=["absolute-path", "no-such-package", "not-a-string"],
+)
+def test_a_bundle_entry_point_must_name_a_package_inside_the_project(
+    project, capsys, value, expected
+):
+    pyproject_path = project / "pyproject.toml"
+    text = pyproject_path.read_text()
+    line = _first_bundle_entry_point(text)
+    pyproject_path.write_text(text.replace(line, f'"{FIRST_ID}" = {value}'))
+    assert expected in render_failure(project, capsys)
+
+
+def test_an_evidence_symlink_loop_is_one_clear_error(project, capsys):
+    loop = project / "extensions" / "loop"
+    loop.symlink_to(loop)
+    source = project / "manifest.toml"
+    source.write_text(source.read_text().replace(EVIDENCE_LIST, 'evidence = ["extensions/loop"]'))
+    assert "must be an existing file inside the project" in render_failure(project, capsys)
+
+
+def test_evidence_that_does_not_match_its_sha256sums_is_refused(project, capsys):
+    sums = [e for e in FIRST_CARRIER["evidence"] if e.endswith("SHA256SUMS")]
+    assert sums, "the carrier's evidence lists its SHA256SUMS"
+    listed = (project / sums[0]).read_text().splitlines()[0].split("  ")[1]
+    (project / sums[0]).parent.joinpath(listed).write_text("edited by hand\n")
+    error = render_failure(project, capsys)
+    assert f"{listed} does not match its sha256" in error
+
+
+@pytest.mark.parametrize(
+    "source",
+    [b"def register(:\n", b"register = 1\n\0", b"register = '\xff\xfe'\n"],
+    ids=["syntax-error", "nul-byte", "not-utf8"],
+)
+def test_a_carrier_module_that_cannot_be_parsed_is_named(project, capsys, source):
+    module = project / "src" / Path(*FIRST_CARRIER["module"].split(".")) / "__init__.py"
+    module.write_bytes(source)
+    error = render_failure(project, capsys)
+    assert f'bundle[0].carriers[0].object = "{FIRST_CARRIER["object"]}"' in error
+    assert "cannot be parsed" in error
+
+
+@pytest.mark.parametrize(
+    "make", ["regular-file", "directory-manifest", "not-utf8", "missing"], ids=str
+)
+def test_an_unreadable_project_is_one_clear_error(project, capsys, make):
+    root = project
+    if make == "regular-file":
+        root = project / "pyproject.toml"
+    elif make == "directory-manifest":
+        (project / "manifest.toml").unlink()
+        (project / "manifest.toml").mkdir()
+    elif make == "not-utf8":
+        (project / "manifest.toml").write_bytes(b"kind = '\xff'\n")
+    else:
+        (project / "manifest.toml").unlink()
+    error = render_failure(project, capsys, root=root)
+    assert "manifest.toml" in error
+
+
 def test_render_rewrites_a_stale_manifest_atomically(project, capsys):
-    (rendered,) = bundle.render(PROJECT_ROOT)
+    (rendered,) = render.render(PROJECT_ROOT)
     target = project / rendered.path.relative_to(PROJECT_ROOT)
     target.write_text('{"stale": true}\n')
 
-    assert main(["render", "--root", str(project), "--check"]) == 2
+    assert main(["render", "--root", str(project), "--check"]) == 1
     assert f"{target}: stale" in capsys.readouterr().err
 
     assert main(["render", "--root", str(project)]) == 0
@@ -342,9 +456,36 @@ def test_render_rewrites_a_stale_manifest_atomically(project, capsys):
     assert stat.S_IMODE(os.stat(target).st_mode) == 0o644
     assert sorted(path.name for path in target.parent.iterdir()) == [
         "__init__.py",
-        bundle.RENDERED_FILENAME,
+        RENDERED_FILENAME,
     ]
 
-    assert main(["render", "--root", str(project)]) == 0
-    assert capsys.readouterr().out == f"unchanged: {target}\n"
+    assert main(["render", "--root", str(project), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {str(target): "unchanged"}
     assert main(["render", "--root", str(project), "--check"]) == 0
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_any_corruption_of_manifest_toml_is_refused_or_rendered_never_a_traceback(
+    project, capsys, data
+):
+    """Splice random bytes into manifest.toml: render either succeeds (the change was
+    harmless) or prints one error line with exit status 2; it never writes outside the
+    bundle package and never raises."""
+    source = project / "manifest.toml"
+    original = SOURCE_TEXT.encode()
+    start = data.draw(st.integers(0, len(original)), label="start")
+    end = data.draw(st.integers(start, min(len(original), start + 40)), label="end")
+    insert = data.draw(st.binary(max_size=30) | st.sampled_from([b"[", b'"', b"\0", b"\xff"]))
+    source.write_bytes(original[:start] + insert + original[end:])
+    outside_before = {k: v for k, v in _tree_state(project).items() if RENDERED_FILENAME not in k}
+    status = main(["render", "--root", str(project)])
+    err = capsys.readouterr().err
+    assert status in (0, 2)
+    if status == 2:
+        assert err.count("\n") == 1 and err.startswith("vllm-hust-bundle: error: "), err
+    outside_after = {k: v for k, v in _tree_state(project).items() if RENDERED_FILENAME not in k}
+    assert outside_after == outside_before
+    source.write_bytes(original)

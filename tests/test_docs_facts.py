@@ -3,7 +3,7 @@
 Environment variables, scripts, files and CLI commands the docs name exist;
 PROVENANCE.md's commit, repository, license, versions and vLLM API facts match
 the code and the installed vLLM; docs/release.md's PEP 440 table is what
-``packaging`` and ``spark2-5-bundle`` answer; archived evidence matches its
+``packaging`` answers; archived evidence matches its
 SHA256SUMS.
 """
 
@@ -25,11 +25,17 @@ import tomllib
 import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
-from test_hygiene import project_files
 
-from vllm_spark2_5_plugin import _provenance, bundle
+from carrier_harness.project import PROJECT_ROOT as ROOT
+from carrier_harness.project import project_files
+from vllm_hust_bundle_kit.contract import (
+    MANAGER_BUILTIN_PLUGINS,
+    MANAGER_LAUNCH_ONLY_ENVS,
+    STATE_ENV,
+)
+from vllm_hust_bundle_kit.versions import host_in_range, rules_disagree
+from vllm_spark2_5_plugin import _provenance
 
-ROOT = Path(__file__).resolve().parent.parent
 # Human-written docs; the evidence reports are generated records, checked by their hashes.
 DOCS = [
     relative
@@ -69,7 +75,8 @@ def test_every_carrier_environment_variable_in_the_docs_exists_in_the_code():
     code = "\n".join(
         _text(relative)
         for relative in project_files()
-        if relative.startswith(("src/", "scripts/")) and not relative.endswith(".md")
+        if (relative.startswith(("src/", "scripts/")) and not relative.endswith(".md"))
+        or relative == "manifest.toml"
     )
     defined = set(ENV_NAME.findall(code))
     for relative in DOCS:
@@ -107,18 +114,18 @@ def test_every_file_named_in_the_docs_exists():
                 assert list(ROOT.glob(f"*/**/{name}")), f"{relative} names {name}"
 
 
-def test_every_spark2_5_bundle_command_in_the_docs_exists():
-    cli = Path(sys.executable).parent / "spark2-5-bundle"
+def test_every_bundle_tool_command_in_the_docs_exists():
+    cli = Path(sys.executable).parent / "vllm-hust-bundle"
     commands = {
         command
         for relative in DOCS
         for block in _code(_text(relative))
-        for command in re.findall(r"\bspark2-5-bundle[ \t]+([a-z][\w-]*)", block)
+        for command in re.findall(r"\b(?:vllm-hust|spark2-5)-bundle[ \t]+([a-z][\w-]*)", block)
     }
     assert {"render", "inspect"} <= commands
     for command in sorted(commands):
         done = subprocess.run([str(cli), command, "--help"], capture_output=True, text=True)
-        assert done.returncode == 0, f"spark2-5-bundle {command}: {done.stderr}"
+        assert done.returncode == 0, f"vllm-hust-bundle {command}: {done.stderr}"
 
 
 def test_trusted_publisher_settings_and_artifacts_match_the_workflow():
@@ -149,8 +156,9 @@ def test_the_pep440_table_is_what_packaging_and_the_bundle_cli_answer():
     for host, before_26, from_26 in rows:
         expected = (from_26 if modern else before_26) == "inside"
         assert (Version(host) in SpecifierSet(host_range)) is expected, host
-        # spark2-5-bundle inspect keeps PEP 440's default rule on any packaging.
-        assert bundle.host_in_range(host, host_range) is (before_26 == "inside"), host
+        # vllm-hust-bundle inspect answers as the installed packaging (and so the manager) does.
+        assert host_in_range(host, host_range) is expected, host
+        assert rules_disagree(host, host_range) is (before_26 != from_26), host
 
 
 def test_the_pep440_table_describes_the_shipped_range():
@@ -159,20 +167,12 @@ def test_the_pep440_table_describes_the_shipped_range():
     assert {host_range} == {source["host"]["version_range"] for source in manifest["bundle"]}
 
 
-def test_the_bundle_doc_compatibility_table_is_what_the_bundle_cli_answers():
-    doc = _text("docs/bundle.md")
-    section = doc.split("## Compatibility with the installed vLLM", 1)[1].split("\n## ", 1)[0]
-    (host_range,) = {
-        source["host"]["version_range"]
-        for source in tomllib.loads(_text("manifest.toml"))["bundle"]
-    }
-    assert f"`host.version_range` `{host_range}`" in doc
-    checked = 0
-    for versions, result in re.findall(r"^\| (`[^|]+) \| (\w+)", section, re.MULTILINE):
-        for host in re.findall(r"`([^`]+)`", versions.split(" (")[0]):
-            assert bundle.host_in_range(host, host_range) is (result == "compatible"), host
-            checked += 1
-    assert checked >= 8
+def test_the_bundle_doc_names_what_the_manager_sets_and_adds():
+    """docs/bundle.md's measured manager behaviour names the toolkit's recorded facts."""
+    doc = " ".join(_text("docs/bundle.md").split())
+    for name in (*MANAGER_LAUNCH_ONLY_ENVS, STATE_ENV, *MANAGER_BUILTIN_PLUGINS):
+        assert f"`{name}`" in doc, name
+    assert "--fail-on-environ-validation" in doc
 
 
 def test_the_local_label_and_explicit_prerelease_statements():
@@ -186,7 +186,7 @@ def test_the_local_label_and_explicit_prerelease_statements():
         SpecifierSet(">=0.32.0+cpu")
     assert SpecifierSet("==0.32.0").contains("0.32.0+cpu")
     assert not SpecifierSet("==0.32.0+cpu").contains("0.32.0")
-    assert bundle.host_in_range("0.33.0rc1", ">=0.33.0rc1,<0.34")
+    assert host_in_range("0.33.0rc1", ">=0.33.0rc1,<0.34")
     assert Version("0.33.0rc1") in SpecifierSet(">=0.33.0rc1,<0.34")
 
 

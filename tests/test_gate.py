@@ -1,95 +1,228 @@
-"""Unit tests of the activation gate (pure environment parsing)."""
+"""The carrier gate (vllm_hust_bundle_kit.gate): environment in, decision out.
+
+Driven with a throwaway bundle package written by the test, so the gate is
+checked as the toolkit ships it, for any carrier.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from vllm_spark2_5_plugin._gate import (
-    BUNDLE_ID,
-    ENABLE_ENV,
-    ENABLED_BUNDLES_ENVS,
-    OVERRIDE_ENV,
-    decide,
+from vllm_hust_bundle_kit.contract import ENABLED_BUNDLES_ENVS, RENDERED_FILENAME
+from vllm_hust_bundle_kit.gate import (
+    MAX_ECHOED_CHARS,
+    OFF_VALUES,
+    ON_VALUES,
+    CarrierGate,
+    GateError,
 )
 
+BUNDLE_ID = "org.example.gated"
+ENABLE_ENV = "GATED_CARRIER_ENABLE"
+OVERRIDE_ENV = "GATED_CARRIER_OVERRIDE"
+CARRIER = "gated_carrier:register"
 
-def test_unset_disables_without_warning():
-    decision = decide({})
+
+def manifest(status: str = "active", environment: dict | None = None) -> dict:
+    return {
+        "extension_id": BUNDLE_ID,
+        "host": {"provider": "vllm", "name": "vllm", "version_range": ">=0.1,<0.2"},
+        "implementation": [
+            {
+                "type": "python_module",
+                "module": "gated_carrier",
+                "object": "register",
+                "status": status,
+            }
+        ],
+        "activation": {"environment": environment or {ENABLE_ENV: "1"}},
+    }
+
+
+def write_bundle_package(root, name: str, document) -> str:
+    package = root / name
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    text = document if isinstance(document, str) else json.dumps(document)
+    (package / RENDERED_FILENAME).write_text(text)
+    return name
+
+
+@pytest.fixture
+def bundle_package(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def make(document) -> str:
+        # A fresh package name per test: imported packages stay in sys.modules.
+        return write_bundle_package(tmp_path, f"gated_bundle_{uuid.uuid4().hex}", document)
+
+    return make
+
+
+@pytest.fixture
+def gate(bundle_package) -> CarrierGate:
+    return CarrierGate.from_bundle_package(bundle_package(manifest()), CARRIER, OVERRIDE_ENV)
+
+
+def test_the_manifest_names_the_bundle_the_switch_and_the_range(gate):
+    assert (gate.bundle_id, gate.enable_env, gate.override_env) == (
+        BUNDLE_ID,
+        ENABLE_ENV,
+        OVERRIDE_ENV,
+    )
+    assert gate.manager_may_enable
+    assert (gate.host_name, gate.host_range) == ("vllm", ">=0.1,<0.2")
+
+
+def test_unset_disables_without_warning(gate):
+    decision = gate.decide({})
     assert not decision.enabled
     assert decision.warnings == ()
 
 
-def test_exactly_one_enables():
-    decision = decide({ENABLE_ENV: "1"})
-    assert decision.enabled
-    assert decision.source == f"{ENABLE_ENV}=1"
-    assert decision.warnings == ()
+@pytest.mark.parametrize("value", [*ON_VALUES, "TRUE", " 1 ", "Yes\n"])
+def test_on_values_enable(gate, value):
+    decision = gate.decide({ENABLE_ENV: value})
+    assert decision.enabled and decision.warnings == ()
+    assert decision.source == f"{ENABLE_ENV}={value.strip().lower()}"
 
 
-def test_zero_disables_without_warning():
-    decision = decide({ENABLE_ENV: "0"})
+@pytest.mark.parametrize("value", [*OFF_VALUES, "FALSE", " 0"])
+def test_off_values_disable_even_when_the_manager_lists_the_bundle(gate, value):
+    decision = gate.decide({ENABLE_ENV: value, ENABLED_BUNDLES_ENVS[0]: BUNDLE_ID})
+    assert not decision.enabled and decision.warnings == ()
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_an_empty_value_is_unset_so_the_bundle_list_decides(gate, value):
+    assert not gate.decide({ENABLE_ENV: value}).enabled
+    listed = gate.decide({ENABLE_ENV: value, ENABLED_BUNDLES_ENVS[0]: BUNDLE_ID})
+    assert listed.enabled and listed.warnings == ()
+
+
+@pytest.mark.parametrize("value", ["2", "enable", "garbage", "1 1"])
+def test_other_values_disable_and_warn_once_even_when_listed(gate, value):
+    decision = gate.decide({ENABLE_ENV: value, ENABLED_BUNDLES_ENVS[0]: BUNDLE_ID})
     assert not decision.enabled
-    assert decision.warnings == ()
+    (warning,) = decision.warnings
+    assert ENABLE_ENV in warning and repr(value) in warning
+    assert "1, true, yes, on" in warning and "0, false, no, off" in warning
 
 
-@pytest.mark.parametrize("value", ["true", " 1", "1 ", "yes", "on", "2", "", "garbage"])
-def test_other_values_disable_and_warn_once(value):
-    decision = decide({ENABLE_ENV: value})
-    assert not decision.enabled
-    assert len(decision.warnings) == 1
-    warning = decision.warnings[0]
-    assert ENABLE_ENV in warning
-    assert repr(value) in warning
-    assert f"{ENABLE_ENV}=1" in warning and f"{ENABLE_ENV}=0" in warning
+def test_the_warning_echoes_a_bounded_part_of_a_huge_value(gate):
+    value = "x" * 100_000
+    (warning,) = gate.decide({ENABLE_ENV: value}).warnings
+    assert len(warning) < MAX_ECHOED_CHARS + 300
+    assert "(100000 characters)" in warning
 
 
 @pytest.mark.parametrize("variable", ENABLED_BUNDLES_ENVS)
 @pytest.mark.parametrize(
-    "listing",
-    [BUNDLE_ID, f"org.example.other,{BUNDLE_ID}", f" {BUNDLE_ID} , org.example.other"],
+    "listing", [BUNDLE_ID, f"org.example.other,{BUNDLE_ID}", f" {BUNDLE_ID} , org.example.other"]
 )
-def test_bundle_listing_enables(variable, listing):
-    decision = decide({variable: listing})
+def test_bundle_listing_enables(gate, variable, listing):
+    decision = gate.decide({variable: listing})
     assert decision.enabled
     assert variable in decision.source
 
 
-@pytest.mark.parametrize(
-    "listing", ["", "org.example.other", f"{BUNDLE_ID}.extra", "org.vllm-hust"]
-)
-def test_bundle_listing_needs_the_exact_id(listing):
-    assert not decide({ENABLED_BUNDLES_ENVS[0]: listing}).enabled
+@pytest.mark.parametrize("listing", ["", "org.example.other", f"{BUNDLE_ID}.extra", "org.example"])
+def test_bundle_listing_needs_the_exact_id(gate, listing):
+    assert not gate.decide({ENABLED_BUNDLES_ENVS[0]: listing}).enabled
 
 
-def test_explicit_zero_beats_bundle_listing():
-    assert not decide({ENABLE_ENV: "0", ENABLED_BUNDLES_ENVS[0]: BUNDLE_ID}).enabled
-
-
-def test_invalid_value_beats_bundle_listing_and_warns():
-    decision = decide({ENABLE_ENV: "yes", ENABLED_BUNDLES_ENVS[0]: BUNDLE_ID})
-    assert not decision.enabled
-    assert len(decision.warnings) == 1
+@pytest.mark.parametrize("status", ["import_only", "legacy_unregistered"])
+def test_a_listing_does_not_enable_a_carrier_the_manager_may_not_enable(bundle_package, status):
+    """The manager's `extension env` lists an enabled import_only bundle without injecting
+    its switch: the carrier's own manifest says no; only the switch by hand enables it."""
+    gate = CarrierGate.from_bundle_package(
+        bundle_package(manifest(status=status)), CARRIER, OVERRIDE_ENV
+    )
+    listed = gate.decide({ENABLED_BUNDLES_ENVS[0]: BUNDLE_ID})
+    assert not listed.enabled
+    assert f"set {ENABLE_ENV}=1 to enable it by hand" in listed.source
+    assert gate.decide({ENABLE_ENV: "1"}).enabled
 
 
 @pytest.mark.parametrize("value", ["1", "true", "YES", "on"])
-def test_override_accepts_seed_values(value):
-    assert decide({ENABLE_ENV: "1", OVERRIDE_ENV: value}).override
+def test_override_on_values(gate, value):
+    assert gate.decide({ENABLE_ENV: "1", OVERRIDE_ENV: value}).override
 
 
 @pytest.mark.parametrize("value", ["0", "false", "no", "off", ""])
-def test_override_off_values(value):
-    decision = decide({ENABLE_ENV: "1", OVERRIDE_ENV: value})
+def test_override_off_values(gate, value):
+    decision = gate.decide({ENABLE_ENV: "1", OVERRIDE_ENV: value})
     assert not decision.override
     assert decision.warnings == ()
 
 
-def test_unknown_override_value_warns_and_is_off():
-    decision = decide({ENABLE_ENV: "1", OVERRIDE_ENV: "please"})
+def test_unknown_override_value_warns_and_is_off(gate):
+    decision = gate.decide({ENABLE_ENV: "1", OVERRIDE_ENV: "please"})
     assert decision.enabled and not decision.override
-    assert len(decision.warnings) == 1
-    assert OVERRIDE_ENV in decision.warnings[0] and "'please'" in decision.warnings[0]
+    (warning,) = decision.warnings
+    assert OVERRIDE_ENV in warning and "'please'" in warning
+    assert decision.source == f"{ENABLE_ENV}=1"
 
 
-def test_reads_process_environment_by_default(monkeypatch):
+def test_reads_process_environment_by_default(gate, monkeypatch):
     monkeypatch.setenv(ENABLE_ENV, "1")
-    assert decide().enabled
+    assert gate.decide().enabled
     monkeypatch.delenv(ENABLE_ENV)
-    assert not decide().enabled
+    assert not gate.decide().enabled
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    enable=st.none() | st.text(max_size=200),
+    override=st.none() | st.text(max_size=200),
+    listing=st.none() | st.text(max_size=200),
+)
+def test_any_environment_gives_a_decision_never_an_exception(enable, override, listing):
+    gate = CarrierGate(BUNDLE_ID, ENABLE_ENV, OVERRIDE_ENV, True, "vllm", ">=0.1,<0.2")
+    env = {
+        name: value
+        for name, value in ((ENABLE_ENV, enable), (OVERRIDE_ENV, override))
+        if value is not None and "\0" not in value
+    }
+    if listing is not None:
+        env[ENABLED_BUNDLES_ENVS[0]] = listing
+    decision = gate.decide(env)
+    token = (enable or "").strip().lower()
+    if token in ON_VALUES:
+        assert decision.enabled
+    elif token and token not in ON_VALUES:
+        assert not decision.enabled  # off, or not understood: never on
+    assert all(len(warning) < 400 for warning in decision.warnings)
+
+
+BROKEN_MANIFESTS = {
+    "not-json": "{",
+    "not-an-object": "[]",
+    "no-implementation": {"extension_id": BUNDLE_ID, "host": {}},
+    "carrier-missing": {
+        **manifest(),
+        "implementation": [
+            {"type": "python_module", "module": "other", "object": "register", "status": "active"}
+        ],
+    },
+    "two-switches": manifest(environment={ENABLE_ENV: "1", "OTHER_SWITCH": "1"}),
+    "no-switch": manifest(environment={"SOME_SETTING": "fast"}),
+    "deep": "[" * 100_000,
+}
+
+
+@pytest.mark.parametrize("document", BROKEN_MANIFESTS.values(), ids=BROKEN_MANIFESTS)
+def test_a_broken_manifest_is_one_gate_error(bundle_package, document):
+    with pytest.raises(GateError) as error:
+        CarrierGate.from_bundle_package(bundle_package(document), CARRIER, OVERRIDE_ENV)
+    assert "gated_bundle" in str(error.value)
+
+
+def test_a_missing_package_is_a_gate_error():
+    with pytest.raises(GateError, match="no_such_bundle_package"):
+        CarrierGate.from_bundle_package("no_such_bundle_package", CARRIER, OVERRIDE_ENV)

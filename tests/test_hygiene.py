@@ -10,18 +10,17 @@ from ``git ls-files`` in a git checkout and from a walk that honours
 
 from __future__ import annotations
 
-import fnmatch
 import ipaddress
-import os
 import re
 import runpy
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from carrier_harness.project import PROJECT_ROOT as ROOT
+from carrier_harness.project import git_files, project_files
+
 MAX_FILE_BYTES = runpy.run_path(str(ROOT / "scripts" / "check-dist"))["MAX_FILE_BYTES"]
 
 # RFC 1918: 10/8, 172.16/12, 192.168/16. Written as integers so that this file
@@ -70,66 +69,6 @@ SECRETS = {
     "Hugging Face token": re.compile(r"\bhf_[A-Za-z0-9]{34,}\b"),
     "private key": re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"),
 }
-
-
-def _git_files(root: Path) -> list[str] | None:
-    """Tracked plus new, not ignored files; None outside a git checkout of ``root``."""
-    if shutil.which("git") is None:
-        return None
-    top = subprocess.run(
-        ["git", "-C", str(root), "rev-parse", "--show-toplevel"], capture_output=True, text=True
-    )
-    if top.returncode != 0 or Path(top.stdout.strip()).resolve() != root.resolve():
-        return None
-    listed = subprocess.run(
-        ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return sorted({name for name in listed.stdout.split("\0") if (root / name).is_file()})
-
-
-def _ignore_rules(root: Path) -> list[tuple[str, bool, bool]]:
-    """``(pattern, anchored, dirs_only)`` from the top-level ``.gitignore``."""
-    rules = []
-    gitignore = root / ".gitignore"
-    lines = gitignore.read_text(encoding="utf-8").splitlines() if gitignore.is_file() else []
-    for raw in lines:
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("!"):
-            raise ValueError(f".gitignore: negated pattern {line!r} is not supported here")
-        dirs_only = line.endswith("/")
-        pattern = line.strip("/")
-        rules.append((pattern, "/" in line.rstrip("/"), dirs_only))
-    return rules
-
-
-def _ignored(relative: str, is_dir: bool, rules: list[tuple[str, bool, bool]]) -> bool:
-    name = relative.rsplit("/", 1)[-1]
-    for pattern, anchored, dirs_only in rules:
-        if dirs_only and not is_dir:
-            continue
-        if fnmatch.fnmatchcase(relative if anchored else name, pattern):
-            return True
-    return False
-
-
-def project_files(root: Path = ROOT) -> list[str]:
-    """Paths (relative, POSIX) of the files the project consists of."""
-    from_git = _git_files(root)
-    if from_git is not None:
-        return from_git
-    rules = _ignore_rules(root)
-    found = []
-    for folder, dirs, files in os.walk(root):
-        base = Path(folder).relative_to(root).as_posix()
-        prefix = "" if base == "." else base + "/"
-        dirs[:] = [d for d in dirs if d != ".git" and not _ignored(prefix + d, True, rules)]
-        found += [prefix + f for f in files if not _ignored(prefix + f, False, rules)]
-    return sorted(found)
 
 
 def private_addresses(text: str) -> list[str]:
@@ -354,7 +293,7 @@ def test_large_files_are_found(tmp_path: Path):
 def test_without_git_the_walk_lists_what_git_lists(tmp_path: Path):
     """A copy without .git (as an unpacked sdist is) yields the same files, ignored ones out."""
     tracked = project_files()
-    if _git_files(ROOT) is None:
+    if git_files(ROOT) is None:
         pytest.skip("not a git checkout: the git listing to compare with is unavailable")
     for relative in tracked:
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
@@ -371,6 +310,6 @@ def test_without_git_the_walk_lists_what_git_lists(tmp_path: Path):
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / relative).write_text(text, encoding="utf-8")
 
-    assert _git_files(tmp_path) is None
+    assert git_files(tmp_path) is None
     assert project_files(tmp_path) == tracked
     assert violations(tmp_path, private_addresses) == []

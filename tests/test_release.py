@@ -30,7 +30,8 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-ROOT = Path(__file__).resolve().parent.parent
+from carrier_harness.project import PROJECT_ROOT as ROOT
+
 WORKFLOWS = ROOT / ".github" / "workflows"
 CHECK_DIST = ROOT / "scripts" / "check-dist"
 check_dist = runpy.run_path(str(CHECK_DIST))
@@ -93,7 +94,7 @@ def test_changelog_opens_with_this_version():
 
 
 def test_pins_of_this_distribution_name_the_current_version():
-    from test_hygiene import project_files
+    from carrier_harness.project import project_files
 
     pin = re.compile(r"vllm[-_]spark2_5[-_]plugin(?:==|-)(\d+(?:\.\d+)*(?:(?:a|b|rc)\d+)?)")
     stale = [
@@ -471,7 +472,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     Both builds read this copy, so edits in the working tree between them cannot
     make them differ.
     """
-    from test_hygiene import project_files
+    from carrier_harness.project import project_files
 
     snapshot = tmp_path_factory.mktemp("source")
     for relative in project_files():
@@ -630,16 +631,14 @@ def test_check_dist_rejects_a_file_that_does_not_match_record(built, tmp_path, c
     assert code == 1 and "vllm_spark2_5_plugin/extra.py is not listed in RECORD" in output
 
 
-def test_check_dist_rejects_evidence_caches_and_checkpoints_in_the_sdist(built, tmp_path, capsys):
+def test_check_dist_rejects_caches_and_checkpoints_in_the_sdist(built, tmp_path, capsys):
     extra = {
-        "extensions/spark2_5/evidence/serve.log": b"log\n",
         "src/vllm_spark2_5_plugin/__pycache__/x.cpython-311.pyc": b"\0",
         "tests/model.safetensors": b"\0",
         "docs/huge.md": b"x" * (check_dist["MAX_FILE_BYTES"] + 1),
     }
     code, output = _check(capsys, str(_faulty(tmp_path, built, sdist_extra=extra)))
     assert code == 1
-    assert "evidence file extensions/spark2_5/evidence/serve.log ships in the sdist" in output
     assert "cache file src/vllm_spark2_5_plugin/__pycache__/x.cpython-311.pyc" in output
     assert "checkpoint file tests/model.safetensors" in output
     assert f"docs/huge.md is {check_dist['MAX_FILE_BYTES'] + 1} bytes" in output

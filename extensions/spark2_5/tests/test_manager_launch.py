@@ -1,0 +1,57 @@
+"""A real ``vllm serve`` started with exactly what ``vllm-hust-ext run`` injects.
+
+The environment is the toolkit's prediction of the manager's launch (the
+bundle's switch, the bundle list, ``VLLM_PLUGINS`` with the manager's built-in
+``ascend`` added) plus the variables only a real launch sets. Measured against
+the real manager: ``ascend`` names a plugin this host does not have, and vLLM
+warns about each unknown variable; neither may keep the carrier from loading.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from carrier_harness.server import CPU_SERVE_ENV, VllmServer
+from spark2_5_dev.carrier import BUNDLE_ID, ENABLE_ENV, GATE, LOAD_LINE, clean_env
+from vllm_hust_bundle_kit import installed, manager
+from vllm_hust_bundle_kit.contract import (
+    ENABLED_BUNDLES_ENVS,
+    MANAGER_LAUNCH_ONLY_ENVS,
+    PLUGINS_ENV,
+    STATE_ENV,
+)
+
+pytestmark = pytest.mark.serve
+
+
+@pytest.fixture
+def launch_env(tmp_path, monkeypatch) -> dict[str, str]:
+    (bundle,) = installed.select(installed.discover(), [BUNDLE_ID])
+    if manager.launch_refusal(bundle):
+        pytest.skip(f"the manager would refuse this host: {manager.launch_refusal(bundle)}")
+    # An operator's own allowlist: the manager keeps it and appends to it.
+    env = clean_env(**{PLUGINS_ENV: "lora_filesystem_resolver"}, **CPU_SERVE_ENV)
+    injected = manager.activation_environment([bundle], env)
+    assert injected == {
+        ENABLE_ENV: "1",
+        ENABLED_BUNDLES_ENVS[0]: BUNDLE_ID,
+        PLUGINS_ENV: "lora_filesystem_resolver,ascend,spark2_5",
+    }
+    launch_only = {name: f"measured-{index}" for index, name in enumerate(MANAGER_LAUNCH_ONLY_ENVS)}
+    return {**env, **injected, **launch_only, STATE_ENV: str(tmp_path / "state.json")}
+
+
+def test_vllm_serve_under_the_managers_environment_loads_the_carrier(
+    launch_env, tiny_llama, tmp_path
+):
+    server = VllmServer(tiny_llama, env=launch_env, log_path=tmp_path / "serve.log")
+    with server:
+        pass
+    log = server.log()
+    lines = [line for line in log.splitlines() if LOAD_LINE in line]
+    assert len(lines) >= 3, log[-4000:]  # API server, engine core, worker
+    for line in lines:
+        assert "enabled=1" in line and f"verified={GATE.host_range}" in line, line
+    # What docs/bundle.md tells operators they will see, and that it is harmless.
+    for name in (*MANAGER_LAUNCH_ONLY_ENVS, STATE_ENV):
+        assert f"Unknown vLLM environment variable detected: {name}" in log, name

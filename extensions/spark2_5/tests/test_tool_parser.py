@@ -1,0 +1,615 @@
+"""The ``spark25`` tool-call parser on vLLM's real parser API: formats, type
+conversion, undeclared tools and malformed markup, ``adjust_request`` and
+guided decoding for ``tool_choice``, reasoning parsers, and the compat helpers
+that hide vLLM's API drift."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import types
+from typing import Any
+
+import pytest
+
+from spark2_5_dev.tool_parsing import (
+    TOOLS,
+    WEATHER_TOOL,
+    Parsed,
+    accumulate,
+    arguments,
+    chat_request,
+    load_tokenizer,
+    non_streaming,
+    register_spark25,
+    serving_parser_cls,
+    serving_parser_deltas,
+    stream_tool_parser,
+)
+from vllm_spark2_5_plugin import compat
+from vllm_spark2_5_plugin.spark2_5_tool_parser import (
+    MAX_IDENTIFIER_CHARS,
+    Spark25ToolParser,
+    convert_value,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return load_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def request_with_tools():
+    return chat_request()
+
+
+def parse(tokenizer, text, request):
+    """Non-streaming result, checked against a 1-character stream of the same text."""
+    result = non_streaming(Spark25ToolParser(tokenizer), text, request)
+    assert stream_tool_parser(Spark25ToolParser(tokenizer), list(text), request) == result
+    return result
+
+
+# --- registration -----------------------------------------------------------------
+
+
+def test_registered_name_resolves_to_the_parser_in_vllms_registry():
+    register_spark25()
+    manager = compat.tool_parser_manager()
+    assert manager.get_tool_parser("spark25") is Spark25ToolParser
+    assert issubclass(Spark25ToolParser, compat.tool_parser_base())
+    assert "spark2_5" not in manager.list_registered()
+
+
+# --- the call format -----------------------------------------------------------------
+
+
+COMPACT = (
+    "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+    "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>"
+)
+NEWLINE = (
+    "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+    "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"
+)
+EXPECTED = Parsed(None, [("get_weather", '{"city":"Paris","days":3}')])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        COMPACT,
+        NEWLINE,
+        "<tool_call> get_weather \t<arg_key> city </arg_key>  \n <arg_value>Paris</arg_value>"
+        " \r\n<arg_key>days</arg_key><arg_value> 3 </arg_value>\n\n</tool_call>",
+    ],
+    ids=["compact", "newline", "whitespace-between-tags"],
+)
+def test_compact_newline_and_spaced_forms_parse_alike(tokenizer, request_with_tools, text):
+    assert parse(tokenizer, text, request_with_tools) == EXPECTED
+
+
+def test_text_around_and_between_several_calls_is_content(tokenizer, request_with_tools):
+    text = f"Let me check.\n{COMPACT}\nand then {NEWLINE} Done."
+    assert parse(tokenizer, text, request_with_tools) == Parsed(
+        "Let me check.\n\nand then  Done.", EXPECTED.calls * 2
+    )
+
+
+def test_values_keep_newlines_angle_brackets_json_and_unicode(tokenizer, request_with_tools):
+    value = 'line 1\nif a < b and c > d: print("<b>")\n{"k": [1, 2]}\n東京 ☀ naïve'
+    text = (
+        f"<tool_call>get_weather<arg_key>city</arg_key><arg_value>{value}</arg_value></tool_call>"
+    )
+    parsed = parse(tokenizer, text, request_with_tools)
+    assert arguments(parsed) == [("get_weather", {"city": value})]
+    # Compact JSON, non-ASCII kept as is.
+    assert parsed.calls[0][1] == "{" + '"city":' + json.dumps(value, ensure_ascii=False) + "}"
+    assert "東京" in parsed.calls[0][1] and "\\u" not in parsed.calls[0][1]
+
+
+def test_a_call_without_arguments_has_an_empty_object(tokenizer, request_with_tools):
+    text = "<tool_call>get_weather</tool_call>"
+    assert parse(tokenizer, text, request_with_tools) == Parsed(None, [("get_weather", "{}")])
+
+
+def test_value_may_contain_other_tags_as_text(tokenizer, request_with_tools):
+    value = "see <arg_key> and <tool_call> and <arg_value> here"
+    text = (
+        f"<tool_call>get_weather<arg_key>city</arg_key><arg_value>{value}</arg_value></tool_call>"
+    )
+    assert arguments(parse(tokenizer, text, request_with_tools)) == [
+        ("get_weather", {"city": value})
+    ]
+
+
+# --- type conversion -------------------------------------------------------------------
+
+TYPED = TOOLS[1]["function"]["parameters"]["properties"]
+
+
+@pytest.mark.parametrize(
+    ("key", "raw", "expected"),
+    [
+        ("text", " 42 ", " 42 "),
+        ("text", "null", "null"),
+        ("text", "true", "true"),
+        ("count", " 42\n", 42),
+        ("count", "-7", -7),
+        ("count", "3.0", 3),
+        ("count", "123456789012345678901234567890", 123456789012345678901234567890),
+        ("count", "3.5", 3.5),
+        ("count", "many", "many"),
+        ("ratio", "0.25", 0.25),
+        ("ratio", "2", 2),
+        ("ratio", "1e3", 1000),
+        ("ratio", "1e999", "1e999"),
+        ("ratio", "nan", "nan"),
+        ("flag", "True", True),
+        ("flag", "false", False),
+        ("flag", "1", True),
+        ("flag", "yes", "yes"),
+        ("options", '{"a": [1, {"b": null}]}', {"a": [1, {"b": None}]}),
+        ("options", "{'a': 1}", "{'a': 1}"),
+        ("options", "[1]", [1]),
+        ("options", '{"x": 1e999}', '{"x": 1e999}'),
+        ("items", '["x", 2]', ["x", 2]),
+        ("maybe_count", "null", None),
+        ("maybe_count", "NULL", None),
+        ("maybe_count", "5", 5),
+        ("maybe_count", "five", "five"),
+        ("maybe_text", "null", None),
+        ("maybe_text", "5", "5"),
+        ("nullable_text", "null", None),
+        ("choice", "b", "b"),
+        ("choice", "3", 3),
+        ("either", "4", 4),
+        ("either", "true", True),
+        ("untyped", "7", "7"),
+        ("undeclared", '{"a": 1}', '{"a": 1}'),
+    ],
+)
+def test_values_follow_the_declared_schema_type(key, raw, expected):
+    value = convert_value(raw, TYPED.get(key))
+    assert value == expected and type(value) is type(expected)
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [None, "string", [], {"type": 7}, {"type": [None, "integer"]}, {"enum": "ab"}, {"anyOf": 3}],
+)
+def test_malformed_schemas_do_not_break_conversion(schema):
+    assert convert_value(" 5 ", schema) in (" 5 ", 5)
+
+
+def test_typed_arguments_end_to_end(tokenizer, request_with_tools):
+    pairs = [("count", "2"), ("maybe_count", "null"), ("maybe_text", "null"), ("text", "null")]
+    text = (
+        "<tool_call>typed"
+        + "".join(f"<arg_key>{k}</arg_key><arg_value>{v}</arg_value>" for k, v in pairs)
+        + "</tool_call>"
+    )
+    assert parse(tokenizer, text, request_with_tools).calls == [
+        ("typed", '{"count":2,"maybe_count":null,"maybe_text":null,"text":"null"}')
+    ]
+
+
+# --- what is not a call ----------------------------------------------------------------
+
+
+def test_a_call_to_an_undeclared_tool_comes_back_verbatim_as_content(tokenizer, request_with_tools):
+    unknown = "<tool_call>delete_all<arg_key>really</arg_key><arg_value>yes</arg_value></tool_call>"
+    text = f"Hi {unknown} {COMPACT}"
+    assert parse(tokenizer, text, request_with_tools) == Parsed(f"Hi {unknown} ", EXPECTED.calls)
+
+
+@pytest.mark.parametrize(
+    "request_fields",
+    [{"tools": None}, {"tool_choice": "none"}],
+    ids=["no-tools", "tool-choice-none"],
+)
+def test_without_callable_tools_everything_is_content(tokenizer, request_fields):
+    request = chat_request(**{"tools": TOOLS, **request_fields})
+    text = f"a {COMPACT} b <tool_call>"
+    assert parse(tokenizer, text, request) == Parsed(text, [])
+
+
+# --- malformed markup never raises and loses nothing -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", Parsed(None)),
+        ("<tool_call>", Parsed("<tool_call>")),
+        ("x <tool_call>get_wea", Parsed("x <tool_call>get_wea")),
+        ("<tool_call></tool_call>", Parsed("<tool_call></tool_call>")),
+        ("<tool_call>  <arg_key>a</arg_key>", Parsed("<tool_call>  <arg_key>a</arg_key>")),
+        ("<tool_call>get_weather</arg_key>", Parsed("<tool_call>get_weather</arg_key>")),
+        ("<tool_call>" + "x" * (MAX_IDENTIFIER_CHARS + 1), Parsed("<tool_call>" + "x" * 257)),
+        (
+            "<tool_call>get_weather<arg_key>city",
+            Parsed("<arg_key>city", [("get_weather", "{}")]),
+        ),
+        (
+            "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Pa",
+            Parsed("<arg_key>city</arg_key><arg_value>Pa", [("get_weather", "{}")]),
+        ),
+        (
+            "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>",
+            Parsed(None, [("get_weather", '{"city":"Paris"}')]),
+        ),
+        (
+            "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</tool_call>after",
+            Parsed("<arg_key>city</arg_key><arg_value>Parisafter", [("get_weather", "{}")]),
+        ),
+        (
+            "<tool_call>get_weather<arg_key>city</arg_key>oops<arg_value>Paris</arg_value>"
+            "</tool_call>",
+            Parsed(
+                "<arg_key>city</arg_key>oops<arg_value>Paris</arg_value>", [("get_weather", "{}")]
+            ),
+        ),
+        (
+            "<tool_call>get_weather stray<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+            "</tool_call>",
+            Parsed(" stray", [("get_weather", '{"city":"Paris"}')]),
+        ),
+        (
+            "<tool_call>get weather<arg_key>city</arg_key></tool_call>",
+            Parsed("<tool_call>get weather<arg_key>city</arg_key></tool_call>"),
+        ),
+        (
+            "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
+            "note<arg_value>x</arg_value><arg_key>city</arg_key><arg_value>Rome</arg_value>"
+            "<arg_key> </arg_key><arg_value>y</arg_value></tool_call>",
+            Parsed(
+                "note<arg_value>x</arg_value><arg_key>city</arg_key><arg_value>Rome</arg_value>"
+                "<arg_key> </arg_key><arg_value>y</arg_value>",
+                [("get_weather", '{"city":"Paris"}')],
+            ),
+        ),
+        (
+            "<tool_call>get_weather<arg_key>ci<tool_call>get_weather</tool_call>",
+            Parsed("<arg_key>ci", [("get_weather", "{}"), ("get_weather", "{}")]),
+        ),
+        (
+            "<tool_call>get_weather<tool_call>get_weather</tool_call></tool_call></arg_value>",
+            Parsed("<tool_call>get_weather</tool_call></arg_value>", [("get_weather", "{}")]),
+        ),
+        ("a </tool_call> <arg_key>b</arg_key> <", Parsed("a </tool_call> <arg_key>b</arg_key> <")),
+    ],
+    ids=[
+        "empty",
+        "lone-start-tag",
+        "unterminated-name",
+        "empty-name",
+        "blank-name",
+        "stray-tag-after-name",
+        "name-too-long",
+        "unterminated-key",
+        "unterminated-value",
+        "unclosed-call",
+        "value-cut-by-call-end",
+        "text-between-key-and-value",
+        "text-after-name",
+        "space-in-name",
+        "stray-value-duplicate-and-blank-keys",
+        "new-call-inside-key",
+        "new-call-after-name",
+        "orphan-tags",
+    ],
+)
+def test_malformed_markup_comes_back_as_content(tokenizer, request_with_tools, text, expected):
+    assert parse(tokenizer, text, request_with_tools) == expected
+
+
+# --- adjust_request and tool_choice ---------------------------------------------------------
+
+
+def composed_parser(tokenizer, reasoning_parser=None, **kwargs):
+    """vLLM's serving-layer ``Parser`` around spark25, as ``vllm serve`` builds it."""
+    return serving_parser_cls(tokenizer, reasoning_parser)(tokenizer, TOOLS, **kwargs)
+
+
+def test_adjust_request_keeps_special_tags_only_when_tools_are_active(tokenizer):
+    parser = Spark25ToolParser(tokenizer)
+    assert parser.adjust_request(chat_request()).skip_special_tokens is False
+    assert parser.adjust_request(chat_request(tools=None)).skip_special_tokens is True
+    assert parser.adjust_request(chat_request(tool_choice="none")).skip_special_tokens is True
+
+
+def test_auto_tool_choice_is_not_constrained(tokenizer):
+    request = composed_parser(tokenizer).adjust_request(chat_request(tool_choice="auto"))
+    assert request.structured_outputs is None
+
+
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def random_grammar_outputs(tokenizer, structural_tag, seed, count, prefer=lambda text: False):
+    """Outputs of a random walk through the grammar vLLM sends to the engine (a
+    stand-in for a random-weight model): at each step a random allowed token, or
+    with probability 0.3 one whose text ``prefer`` picks."""
+    import xgrammar
+
+    vocab_size = len(tokenizer.get_vocab())
+    info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+    grammar = xgrammar.GrammarCompiler(info).compile_structural_tag(structural_tag)
+    bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
+    rng = random.Random(seed)
+    for _ in range(count):
+        matcher = xgrammar.GrammarMatcher(grammar)
+        tokens = []
+        while not matcher.is_terminated() and len(tokens) < 400:
+            matcher.fill_next_token_bitmask(bitmask)
+            allowed = [t for t in range(vocab_size) if bitmask[0, t // 32] >> (t % 32) & 1]
+            preferred = [t for t in allowed if prefer(tokenizer.decode([t]))]
+            token = rng.choice(preferred if preferred and rng.random() < 0.3 else allowed)
+            assert matcher.accept_token(token)
+            tokens.append(token)
+        if tokens[-1] == tokenizer.eos_token_id:
+            tokens.pop()
+        yield tokenizer.decode(tokens, skip_special_tokens=False)
+
+
+def one_call_per_output(tokenizer, tool_choice) -> bool:
+    """Whether vLLM's grammar enforces ``parallel_tool_calls=False`` (vLLM 0.32 on):
+    before, the structural tag is the same either way and allows several calls."""
+    tags = {
+        composed_parser(tokenizer)
+        .adjust_request(chat_request(tool_choice=tool_choice, parallel_tool_calls=parallel))
+        .structured_outputs.structural_tag
+        for parallel in (True, False)
+    }
+    return len(tags) == 2
+
+
+def spark_calls(tokenizer, output, request, single: bool) -> list[tuple[str, Any]]:
+    """The calls a grammar output parses into: one when the grammar enforces it."""
+    calls = arguments(non_streaming(Spark25ToolParser(tokenizer), output, request))
+    assert len(calls) == 1 if single else calls, output
+    return calls
+
+
+@pytest.mark.parametrize("tool_choice", ["required", NAMED], ids=["required", "named"])
+def test_forced_tool_choice_gets_a_grammar_whose_every_output_is_a_spark_call(
+    tokenizer, tool_choice
+):
+    request = composed_parser(tokenizer).adjust_request(
+        chat_request(tool_choice=tool_choice, parallel_tool_calls=False)
+    )
+    assert request.skip_special_tokens is False
+    structural_tag = request.structured_outputs.structural_tag
+    assert structural_tag and "<tool_call>get_weather" in structural_tag
+    allowed_names = {"get_weather"} if tool_choice == NAMED else {"get_weather", "typed"}
+    # A named choice is one call on every release.
+    single = tool_choice == NAMED or one_call_per_output(tokenizer, tool_choice)
+    names = set()
+    for output in random_grammar_outputs(
+        tokenizer, structural_tag, seed=0, count=20, prefer=lambda text: text.startswith("</")
+    ):
+        for name, args in spark_calls(tokenizer, output, request, single):
+            assert name in allowed_names and isinstance(args, dict), output
+            names.add(name)
+    assert names == allowed_names
+
+
+def test_strict_tool_grammar_yields_schema_typed_arguments(tokenizer):
+    strict_tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "strict": True,
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "enum": ["Paris", "東京"]},
+                    "metric": {"type": "boolean"},
+                },
+                "required": ["city", "metric"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    request = composed_parser(tokenizer).adjust_request(
+        chat_request(tools=[strict_tool], tool_choice="required", parallel_tool_calls=False)
+    )
+    single = one_call_per_output(tokenizer, "required")
+    # Whitespace around values is legal and unbounded; preferring anything else
+    # lets the walk end.
+    for output in random_grammar_outputs(
+        tokenizer,
+        request.structured_outputs.structural_tag,
+        seed=1,
+        count=10,
+        prefer=lambda text: bool(text.strip()),
+    ):
+        for name, args in spark_calls(tokenizer, output, request, single):
+            # The grammar lets a model pad values with whitespace: typed values drop
+            # it, string values keep it (they are verbatim).
+            assert name == "get_weather" and args["city"].strip() in ("Paris", "東京"), output
+            assert isinstance(args["metric"], bool), output
+
+
+def test_forced_tool_choice_without_structural_tags_is_a_clear_400(tokenizer, monkeypatch):
+    import vllm.envs
+    from vllm.exceptions import VLLMValidationError
+
+    # A module attribute wins over vllm.envs' lazy (and later cached) lookup.
+    monkeypatch.setattr(vllm.envs, "VLLM_ENFORCE_STRICT_TOOL_CALLING", False, raising=False)
+    with pytest.raises(VLLMValidationError) as error:
+        composed_parser(tokenizer).adjust_request(chat_request(tool_choice="required"))
+    assert error.value.parameter == "tool_choice"
+    message = str(error.value)
+    assert "tool_choice='required'" in message and "VLLM_ENFORCE_STRICT_TOOL_CALLING" in message
+    assert 'tool_choice="auto"' in message
+
+    monkeypatch.setattr(Spark25ToolParser, "structural_tag_model", None)
+    with pytest.raises(VLLMValidationError, match=r"named tool 'get_weather'.*upgrade vLLM"):
+        composed_parser(tokenizer).adjust_request(chat_request(tool_choice=NAMED))
+
+
+# --- reasoning parsers ---------------------------------------------------------------------
+
+THINKING_OUTPUT = (
+    "I could call <tool_call>get_weather<arg_key>city</arg_key><arg_value>Rome</arg_value>"
+    "</tool_call> but no.</think>Checking.<tool_call>get_weather<arg_key>city</arg_key>"
+    "<arg_value>Paris</arg_value></tool_call>"
+)
+THINKING = (
+    "I could call <tool_call>get_weather<arg_key>city</arg_key><arg_value>Rome</arg_value>"
+    "</tool_call> but no.",
+    "Checking.",
+    [("get_weather", '{"city":"Paris"}')],
+)
+NOT_THINKING_OUTPUT = THINKING_OUTPUT.split("</think>")[1]
+NOT_THINKING = (None, "Checking.", [("get_weather", '{"city":"Paris"}')])
+
+
+def reason_and_parse(tokenizer, reasoning_parser, output, chat_template_kwargs):
+    """Non-streaming and token-by-token streaming results of vLLM's composed parser,
+    on the tokens Spark2_5 would produce after the chat template's prompt."""
+    request = chat_request(chat_template_kwargs=chat_template_kwargs)
+    prompt = tokenizer.apply_chat_template(
+        request.messages,
+        tools=TOOLS,
+        add_generation_prompt=True,
+        tokenize=False,
+        **chat_template_kwargs,
+    )
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    kwargs = {"chat_template_kwargs": chat_template_kwargs}
+
+    reasoning, content, calls = composed_parser(tokenizer, reasoning_parser, **kwargs).parse(
+        output, request, enable_auto_tools=True
+    )
+    full = (reasoning, content, [(call.name, call.arguments) for call in calls or []])
+
+    parser = composed_parser(tokenizer, reasoning_parser, **kwargs)
+    deltas = serving_parser_deltas(parser, tokenizer, output, request, prompt_ids)
+    streamed_reasoning = "".join(delta.reasoning or "" for delta in deltas if delta) or None
+    streamed = accumulate(deltas)
+    return full, (streamed_reasoning, streamed.content, streamed.calls)
+
+
+@pytest.mark.parametrize(
+    ("chat_template_kwargs", "output", "expected"),
+    [
+        ({"enable_thinking": True}, THINKING_OUTPUT, THINKING),
+        ({}, THINKING_OUTPUT, THINKING),
+        ({"enable_thinking": False}, NOT_THINKING_OUTPUT, NOT_THINKING),
+    ],
+    ids=["thinking", "thinking-by-default", "thinking-off"],
+)
+def test_holo2_reasoning_parser_composes_with_spark25(
+    tokenizer, chat_template_kwargs, output, expected
+):
+    """``--reasoning-parser holo2`` (vLLM's DeepSeek-V3 think parser, thinking on unless
+    the request turns it off): reasoning is split off, a call written while thinking is
+    not executed, calls after ``</think>`` are, streamed or not."""
+    full, streamed = reason_and_parse(tokenizer, "holo2", output, chat_template_kwargs)
+    assert full == expected
+    assert streamed == expected
+
+
+def test_deepseek_r1_reasoning_parser_composes_only_while_thinking(tokenizer):
+    """``deepseek_r1`` splits the same way while thinking, but with thinking turned off
+    it files the whole answer, calls included, under reasoning."""
+    full, streamed = reason_and_parse(tokenizer, "deepseek_r1", THINKING_OUTPUT, {})
+    assert full == streamed == THINKING
+    full, streamed = reason_and_parse(
+        tokenizer, "deepseek_r1", NOT_THINKING_OUTPUT, {"enable_thinking": False}
+    )
+    assert full[0] == streamed[0] == NOT_THINKING_OUTPUT
+    assert not full[2] and not streamed[2]
+
+
+# --- compat: both shapes of every drifting API ----------------------------------------------
+
+
+def test_vllm_0_23_path_without_find_tool_name(tokenizer, request_with_tools, monkeypatch):
+    """vLLM 0.23 has neither ``find_tool_name`` nor ``find_tool_properties``: the
+    parser falls back to reading function tools itself and parses the same."""
+    import vllm.tool_parsers.utils as utils
+
+    expected = parse(tokenizer, f"x {COMPACT}", request_with_tools)
+    host_find = utils.find_tool_name
+    monkeypatch.delattr(utils, "find_tool_name")
+    monkeypatch.delattr(utils, "find_tool_properties")
+    assert not hasattr(utils, "find_tool_name")
+    assert parse(tokenizer, f"x {COMPACT}", request_with_tools) == expected
+
+    tools = request_with_tools.tools
+    for name in ("get_weather", "typed", "nope", ""):
+        assert compat.find_tool_name(tools, name) is host_find(tools, name)
+    assert (
+        compat.find_tool_properties(tools, "get_weather")
+        == (WEATHER_TOOL["function"]["parameters"]["properties"])
+    )
+    assert compat.find_tool_properties(tools, "nope") == {}
+    assert compat.find_tool_name(None, "get_weather") is False
+
+
+def test_fallback_tool_lookup_reads_responses_function_tools(monkeypatch):
+    import vllm.tool_parsers.utils as utils
+    from openai.types.responses import FunctionTool
+
+    tool = FunctionTool(
+        type="function",
+        name="lookup",
+        parameters={"type": "object", "properties": {"q": {"type": "string"}}},
+        strict=False,
+    )
+    assert compat.find_tool_name([tool], "lookup")
+    monkeypatch.delattr(utils, "find_tool_name")
+    monkeypatch.delattr(utils, "find_tool_properties")
+    assert compat.find_tool_name([tool], "lookup")
+    assert not compat.find_tool_name([tool], "other")
+    assert compat.find_tool_properties([tool], "lookup") == {"q": {"type": "string"}}
+
+
+def test_protocol_types_and_tool_call_ids_from_older_module_locations(monkeypatch):
+    """Before vLLM 0.32 the protocol types lived in ``vllm.entrypoints.openai.engine.
+    protocol`` and ``make_tool_call_id`` in ``vllm.entrypoints.chat_utils``."""
+    current = compat.tool_call_protocol()
+    assert current.__name__ in (
+        "vllm.entrypoints.generate.base.protocol",
+        "vllm.entrypoints.openai.engine.protocol",  # 0.23 to 0.28 at least; run on 0.27.1
+    )
+    assert compat.tool_call_id_factory()().startswith("chatcmpl-tool-")
+
+    older_protocol = types.ModuleType("vllm.entrypoints.openai.engine.protocol")
+    older_protocol.DeltaMessage = current.DeltaMessage
+    older_chat_utils = types.ModuleType("vllm.entrypoints.chat_utils")
+    older_chat_utils.make_tool_call_id = lambda: "older-id"
+    # A None entry makes the import fail, as on releases that lack the module.
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.generate.base.protocol", None)
+    monkeypatch.setitem(sys.modules, "vllm.renderers.chat_utils", None)
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.openai.engine.protocol", older_protocol)
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.chat_utils", older_chat_utils)
+    assert compat.tool_call_protocol() is older_protocol
+    assert compat.tool_call_id_factory()() == "older-id"
+
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.openai.engine.protocol", None)
+    monkeypatch.setitem(sys.modules, "vllm.entrypoints.openai.protocol", None)
+    with pytest.raises(ImportError, match=r"vllm\.entrypoints\.generate\.base\.protocol"):
+        compat.tool_call_protocol()
+
+
+def test_structural_tag_support_and_request_errors_on_older_releases(monkeypatch):
+    assert "glm_4_7" in compat.structural_tag_models()
+    assert Spark25ToolParser.structural_tag_model == "glm_4_7"
+    error = compat.request_validation_error("bad", parameter="tool_choice", value="required")
+    assert type(error).__name__ == "VLLMValidationError" and error.parameter == "tool_choice"
+
+    monkeypatch.setitem(sys.modules, "vllm.tool_parsers.structural_tag_registry", None)
+    assert compat.structural_tag_models() == frozenset()
+    import vllm.exceptions
+
+    monkeypatch.delattr(vllm.exceptions, "VLLMValidationError")
+    error = compat.request_validation_error("bad", parameter="tool_choice", value="required")
+    assert type(error) is ValueError
+    assert str(error) == "bad (parameter=tool_choice, value=required)"

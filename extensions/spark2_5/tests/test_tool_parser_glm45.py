@@ -1,0 +1,218 @@
+"""``spark25`` against vLLM's own ``glm45`` parser, a peer implementation of the
+same ``<tool_call>``/``<arg_key>``/``<arg_value>`` grammar that nobody here wrote.
+
+On a shared corpus in the newline form both must report the same calls (names
+and decoded arguments) and the same text before the first call. Where they
+differ on purpose, ``DIFFERENCES`` pins both behaviours and says why; if vLLM
+changes ``glm45``, the pinned case fails and the list (and
+``docs/tool-calling.md``) must be revisited.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from spark2_5_dev.tool_parsing import (
+    TOOLS,
+    Parsed,
+    chat_request,
+    load_tokenizer,
+    non_streaming,
+)
+from vllm_spark2_5_plugin.spark2_5_tool_parser import Spark25ToolParser
+
+REQUEST = chat_request()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return load_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def glm45_parse(tokenizer):
+    from vllm.tool_parsers import ToolParserManager
+
+    glm45_cls = ToolParserManager.get_tool_parser("glm45")
+
+    def parse(text, request=REQUEST):
+        parser = glm45_cls(tokenizer, request.tools)
+        # What vLLM's serving layer sets when no reasoning parser is configured.
+        parser.skip_reasoning_parsing = True
+        return non_streaming(parser, text, request)
+
+    return parse
+
+
+def spark25_parse(tokenizer, text, request=REQUEST):
+    return non_streaming(Spark25ToolParser(tokenizer), text, request)
+
+
+def newline_call(name, pairs):
+    return (
+        f"<tool_call>{name}\n"
+        + "".join(
+            f"<arg_key>{key}</arg_key>\n<arg_value>{value}</arg_value>\n" for key, value in pairs
+        )
+        + "</tool_call>"
+    )
+
+
+SAMPLE_VALUES = {
+    "string": ["Paris", "東京 ☀", "a < b > c", "line 1\nline 2", '{"not": "parsed"}', " padded "],
+    "integer": ["0", "-12", "42", "123456789012345678901234567890"],
+    "number": ["0.5", "-1e-3", "7"],
+    "boolean": ["true", "false", "True"],
+    "object": ['{"a": [1, 2, {"b": null}]}', "{}"],
+    "array": ['["x", 1, true]', "[]"],
+}
+
+
+def sample_value(rng, schema):
+    types = schema.get("type") or ("integer" if "anyOf" in schema else "string")
+    if isinstance(types, list):
+        if rng.random() < 0.3:
+            return "null"
+        types = types[0]
+    return rng.choice(SAMPLE_VALUES[types])
+
+
+def corpus(size=200, seed=0):
+    """Outputs in the newline form: optional text, then one to three well-formed calls
+    with declared tools, declared keys (each at most once) and values of their types."""
+    rng = random.Random(seed)
+    tools = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}
+    outputs = []
+    for _ in range(size):
+        text = rng.choice(["", "", "Let me check that.\n", "Sure — 東京 first.\n\n"])
+        for _ in range(rng.randint(1, 3)):
+            name = rng.choice(sorted(tools))
+            properties = {
+                key: schema
+                for key, schema in tools[name]["properties"].items()
+                if key not in ("choice", "untyped", "nullable_text")
+            }
+            keys = rng.sample(sorted(properties), rng.randint(0, min(4, len(properties))))
+            text += newline_call(name, [(key, sample_value(rng, properties[key])) for key in keys])
+            text += rng.choice(["", "\n"])
+        outputs.append(text)
+    return outputs
+
+
+def decoded(parsed):
+    return [(name, json.loads(args)) for name, args in parsed.calls]
+
+
+def test_both_parsers_agree_on_a_shared_corpus(tokenizer, glm45_parse):
+    outputs = corpus()
+    assert sum(text.count("<tool_call>") for text in outputs) > 350
+    for text in outputs:
+        ours, theirs = spark25_parse(tokenizer, text), glm45_parse(text)
+        assert decoded(ours) == decoded(theirs), text
+        before_first_call = text.split("<tool_call>", 1)[0].strip() or None
+        assert (theirs.content or None) == before_first_call, text
+        assert ((ours.content or "").strip() or None) == before_first_call, text
+
+
+@dataclass(frozen=True)
+class Difference:
+    id: str
+    output: str
+    glm45: Parsed
+    spark25: Parsed
+    why: str
+    tools_declared: bool = True
+
+
+DIFFERENCES = [
+    Difference(
+        "argument-json-spacing",
+        newline_call("get_weather", [("city", "Paris"), ("days", "3")]),
+        Parsed(None, [("get_weather", '{"city": "Paris", "days": 3}')]),
+        Parsed(None, [("get_weather", '{"city":"Paris","days":3}')]),
+        "spark25 writes compact JSON; the decoded arguments are the same",
+    ),
+    Difference(
+        "text-after-and-between-calls",
+        "Hello "
+        + newline_call("get_weather", [("city", "Paris")])
+        + " mid "
+        + newline_call("get_weather", [("city", "Rome")])
+        + " bye",
+        Parsed(
+            "Hello", [("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Rome"}')]
+        ),
+        Parsed(
+            "Hello  mid  bye",
+            [("get_weather", '{"city":"Paris"}'), ("get_weather", '{"city":"Rome"}')],
+        ),
+        "glm45 keeps only the stripped text before the first call; spark25 loses no text",
+    ),
+    Difference(
+        "undeclared-tool",
+        "x " + newline_call("delete_all", [("really", "yes")]),
+        Parsed("x ", []),
+        Parsed("x " + newline_call("delete_all", [("really", "yes")]), []),
+        "glm45 drops a call to an undeclared tool; spark25 returns it verbatim as content",
+    ),
+    Difference(
+        "no-tools-declared",
+        newline_call("get_weather", [("city", "Paris")]),
+        Parsed(None, [("get_weather", '{"city": "Paris"}')]),
+        Parsed(newline_call("get_weather", [("city", "Paris")]), []),
+        "with no tools in the request, spark25 parses nothing as a call",
+        tools_declared=False,
+    ),
+    Difference(
+        "unterminated-pair",
+        "x <tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Par",
+        Parsed("x", [("get_weather", "{}")]),
+        Parsed("x <arg_key>city</arg_key>\n<arg_value>Par", [("get_weather", "{}")]),
+        "both keep the call (streaming clients already have it); spark25 also returns the "
+        "unfinished pair as content instead of dropping it",
+    ),
+    Difference(
+        "repeated-key",
+        newline_call("get_weather", [("city", "Paris"), ("city", "Rome")]),
+        Parsed(None, [("get_weather", '{"city": "Rome"}')]),
+        Parsed(
+            "<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>",
+            [("get_weather", '{"city":"Paris"}')],
+        ),
+        "arguments stream pair by pair, so spark25 cannot let a later pair replace one "
+        "already sent: the repeat is returned as content",
+    ),
+    Difference(
+        "text-inside-a-call",
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\nnote\n"
+        "</tool_call>",
+        Parsed(None, [("get_weather", '{"city": "Paris"}')]),
+        Parsed("\nnote\n", [("get_weather", '{"city":"Paris"}')]),
+        "glm45 ignores text between a call's tags; spark25 returns it as content",
+    ),
+    Difference(
+        "empty-name",
+        newline_call("", [("city", "Paris")]),
+        Parsed(None, []),
+        Parsed(newline_call("", [("city", "Paris")]), []),
+        "glm45 drops a block without a name; spark25 returns it verbatim as content",
+    ),
+    Difference(
+        "integral-number-for-integer",
+        newline_call("typed", [("count", "3.0")]),
+        Parsed(None, [("typed", '{"count": 3.0}')]),
+        Parsed(None, [("typed", '{"count":3}')]),
+        "spark25 gives an integer parameter an integer when the number is integral",
+    ),
+]
+
+
+@pytest.mark.parametrize("difference", DIFFERENCES, ids=[case.id for case in DIFFERENCES])
+def test_documented_differences(tokenizer, glm45_parse, difference):
+    request = REQUEST if difference.tools_declared else chat_request(tools=None)
+    assert glm45_parse(difference.output, request) == difference.glm45
+    assert spark25_parse(tokenizer, difference.output, request) == difference.spark25

@@ -1,0 +1,197 @@
+"""``spark25`` behind a real ``vllm serve`` (carrier enabled), driven by the ``openai``
+client. The model is the tiny random Llama with Spark2_5's tokenizer, so what it
+says is arbitrary: the tests assert only what must hold for any model, which is
+exactly what the parser and guided decoding guarantee. ``tool_choice="required"``
+and a named tool still return a Spark-format call, streaming returns what the
+non-streaming request returns, and bad input gets a clear error."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from carrier_harness.server import VllmServer, run_vllm_serve_expecting_failure
+from spark2_5_dev.carrier import clean_env
+
+pytestmark = pytest.mark.serve
+
+SERVE_ARGS = [
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "spark25",
+    # Two identical greedy requests must compute identically.
+    "--no-enable-prefix-caching",
+]
+# Enums and booleans keep a random model's constrained arguments short.
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "enum": ["Paris", "Rome"]},
+                "metric": {"type": "boolean"},
+            },
+        },
+    },
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
+        },
+    },
+}
+STRICT_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {"metric": {"type": "boolean"}},
+            "required": ["metric"],
+            "additionalProperties": False,
+        },
+    },
+}
+NAMED = {"type": "function", "function": {"name": "get_time"}}
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama, tmp_path_factory):
+    log = tmp_path_factory.mktemp("spark25-serve") / "serve.log"
+    env = clean_env(SPARK2_5_PLUGIN_ENABLE="1")
+    with VllmServer(tiny_llama, SERVE_ARGS, env=env, log_path=log) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+def request_args(client, tools, tool_choice, **extra):
+    return {
+        "model": client.models.list().data[0].id,
+        "messages": MESSAGES,
+        "tools": tools,
+        "tool_choice": tool_choice,
+        "temperature": 0,
+        "max_tokens": 160,
+        **extra,
+    }
+
+
+def complete(client, **args):
+    choice = client.chat.completions.create(**args).choices[0]
+    tool_calls = choice.message.tool_calls or []
+    assert all(call.id and call.type == "function" for call in tool_calls)
+    calls = [(call.function.name, call.function.arguments) for call in tool_calls]
+    return choice.finish_reason, choice.message.content or "", calls
+
+
+def stream(client, **args):
+    """Accumulate a streamed answer like a client; check each call starts with its id
+    and name, and that the name arrives before any argument."""
+    finish_reason, content, calls = None, "", {}
+    for chunk_number, chunk in enumerate(client.chat.completions.create(stream=True, **args)):
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        finish_reason = choice.finish_reason or finish_reason
+        content += choice.delta.content or ""
+        for delta in choice.delta.tool_calls or []:
+            if delta.index not in calls:
+                assert delta.id and delta.function.name, delta
+                calls[delta.index] = {"name": delta.function.name, "named_at": chunk_number}
+                calls[delta.index].update(args="", argument_chunks=[])
+            call = calls[delta.index]
+            if delta.function.arguments:
+                call["args"] += delta.function.arguments
+                call["argument_chunks"].append(chunk_number)
+    for call in calls.values():
+        if json.loads(call["args"]):
+            assert call["named_at"] < min(call["argument_chunks"]), call
+    return finish_reason, content, [(calls[i]["name"], calls[i]["args"]) for i in sorted(calls)]
+
+
+def check_arguments(calls, tools):
+    """Each call names a declared tool; its arguments are a JSON object whose keys
+    are declared and whose values have the declared types."""
+    schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in tools}
+    for name, arguments in calls:
+        properties = schemas[name]["properties"]
+        decoded = json.loads(arguments)
+        assert isinstance(decoded, dict) and set(decoded) <= set(properties), arguments
+        for key, value in decoded.items():
+            if "enum" in properties[key]:
+                assert value in properties[key]["enum"], arguments
+            else:
+                assert isinstance(value, bool), arguments
+
+
+@pytest.mark.parametrize(
+    ("tools", "tool_choice", "names"),
+    [
+        ([WEATHER_TOOL, TIME_TOOL], "required", {"get_weather", "get_time"}),
+        ([WEATHER_TOOL, TIME_TOOL], NAMED, {"get_time"}),
+        ([STRICT_TOOL], "required", {"get_weather"}),
+    ],
+    ids=["required", "named", "required-strict"],
+)
+def test_forced_tool_choice_returns_a_spark_call_streamed_or_not(client, tools, tool_choice, names):
+    args = request_args(client, tools, tool_choice, parallel_tool_calls=False)
+    finish_reason, content, calls = complete(client, **args)
+    assert len(calls) == 1 and calls[0][0] in names, (finish_reason, content, calls)
+    check_arguments(calls, tools)
+    # OpenAI reports a named call with "stop", a required one with "tool_calls";
+    # before 0.32 vLLM's non-streaming path may say "length" where the stream says
+    # "tool_calls" for the same tokens.
+    reasons = {"stop", "length"} if tool_choice == NAMED else {"tool_calls", "length"}
+    assert finish_reason in reasons
+    streamed_reason, *streamed = stream(client, **args)
+    assert streamed_reason in reasons
+    assert streamed == [content, calls]
+
+
+def test_auto_tool_choice_streams_what_it_returns(client):
+    tools = [WEATHER_TOOL, TIME_TOOL]
+    args = request_args(client, tools, "auto")
+    finish_reason, content, calls = complete(client, **args)
+    assert finish_reason in ("stop", "length", "tool_calls")
+    check_arguments(calls, tools)
+    assert stream(client, **args) == (finish_reason, content, calls)
+
+
+def test_forced_tool_choice_on_a_server_that_cannot_constrain_is_a_400(tiny_llama, tmp_path):
+    env = clean_env(SPARK2_5_PLUGIN_ENABLE="1", VLLM_ENFORCE_STRICT_TOOL_CALLING="0")
+    with VllmServer(tiny_llama, SERVE_ARGS, env=env, log_path=tmp_path / "serve.log") as server:
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as error:
+            client.chat.completions.create(**request_args(client, [WEATHER_TOOL], "required"))
+        message = error.value.body["message"] if error.value.body else str(error.value)
+        assert "tool_choice='required'" in message and "VLLM_ENFORCE_STRICT_TOOL_CALLING" in message
+        # The same server still answers auto requests.
+        assert complete(client, **request_args(client, [WEATHER_TOOL], "auto", max_tokens=4))
+
+
+def test_misspelled_parser_name_is_refused_with_the_right_name_listed(tiny_llama):
+    result = run_vllm_serve_expecting_failure(
+        tiny_llama,
+        ["--enable-auto-tool-choice", "--tool-call-parser", "spark2_5"],
+        env=clean_env(SPARK2_5_PLUGIN_ENABLE="1"),
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    (line,) = [line for line in output.splitlines() if "invalid tool call parser" in line]
+    assert "invalid tool call parser: spark2_5 (chose from {" in line
+    choices = line.split("(chose from {", 1)[1].rsplit("}", 1)[0]
+    assert "spark25" in {name.strip() for name in choices.split(",")}

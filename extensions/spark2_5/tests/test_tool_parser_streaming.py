@@ -1,0 +1,244 @@
+"""Streaming ``spark25``: whatever the output and however it is cut into deltas, a
+client ends up with exactly the non-streaming result, receives each call's id and
+name as soon as the name is complete and its arguments pair by pair, never sees a
+partial tag as content, and the parser's work grows linearly with the output."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spark2_5_dev.tool_parsing import (
+    Parsed,
+    accumulate,
+    chat_request,
+    load_tokenizer,
+    non_streaming,
+    serving_parser_cls,
+    serving_parser_deltas,
+    split_at,
+    stream_tool_parser,
+)
+from vllm_spark2_5_plugin.spark2_5_tool_parser import Spark25ToolParser
+
+TAGS = ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]
+PARTIAL_TAGS = [tag[:end] for tag in TAGS for end in range(1, len(tag))]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return load_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+REQUEST = chat_request()
+NO_TOOLS = chat_request(tools=None)
+
+names = st.sampled_from(["get_weather", "typed", "unknown", "", " get_weather\n", "get weather"])
+keys = st.sampled_from(["city", "days", "metric", "count", "maybe_count", "options", " text ", ""])
+values = st.one_of(
+    st.sampled_from(
+        ["Paris", "3", " 3 ", "null", "true", "1e999", '{"a": [1, 2]}', "[1", "東京 ☀", "a\nb"]
+    ),
+    st.text(max_size=8),
+)
+whitespace = st.sampled_from(["", "", " ", "\n", " \n\t"])
+
+
+@st.composite
+def calls(draw):
+    """A call in the compact or newline form, sometimes cut short."""
+    newline = draw(st.booleans())
+    sep = "\n" if newline else draw(whitespace)
+    text = "<tool_call>" + draw(names) + sep
+    for _ in range(draw(st.integers(0, 3))):
+        text += f"<arg_key>{draw(keys)}</arg_key>{draw(whitespace)}<arg_value>{draw(values)}"
+        text += "</arg_value>" + sep
+    text += "</tool_call>"
+    if draw(st.integers(0, 4)) == 0:
+        text = text[: draw(st.integers(0, len(text)))]
+    return text
+
+
+fragments = st.one_of(
+    calls(),
+    st.sampled_from(TAGS + PARTIAL_TAGS + ["<", ">", "<<", "a < b", "</"]),
+    names,
+    keys,
+    values,
+    whitespace,
+    st.text(max_size=12),
+)
+outputs = st.lists(fragments, max_size=12).map("".join)
+
+
+@st.composite
+def output_and_cuts(draw):
+    text = draw(outputs)
+    cuts = draw(st.lists(st.integers(0, len(text)), max_size=max(len(text), 1)))
+    return text, cuts
+
+
+def parsed_both_ways(tokenizer, text, cuts, request=REQUEST):
+    expected = non_streaming(Spark25ToolParser(tokenizer), text, request)
+    streamed = stream_tool_parser(Spark25ToolParser(tokenizer), split_at(text, cuts), request)
+    return expected, streamed
+
+
+PROPERTY_SETTINGS = settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@PROPERTY_SETTINGS
+@given(output_and_cuts())
+def test_any_split_streams_exactly_the_non_streaming_result(tokenizer, text_and_cuts):
+    text, cuts = text_and_cuts
+    expected, streamed = parsed_both_ways(tokenizer, text, cuts)
+    assert streamed == expected
+    for _, args in expected.calls:
+        # Valid, compact JSON objects with unique keys.
+        decoded = json.loads(args)
+        assert isinstance(decoded, dict)
+        assert json.dumps(decoded, ensure_ascii=False, separators=(",", ":")) == args
+    if not expected.calls:
+        assert expected.content == (text or None)
+
+
+@PROPERTY_SETTINGS
+@given(outputs)
+def test_one_character_deltas_and_no_tools(tokenizer, text):
+    expected, streamed = parsed_both_ways(tokenizer, text, range(len(text)))
+    assert streamed == expected
+    assert parsed_both_ways(tokenizer, text, range(len(text)), NO_TOOLS) == (
+        (Parsed(text or None),) * 2
+    )
+
+
+@PROPERTY_SETTINGS
+@given(output_and_cuts())
+def test_streamed_content_is_never_taken_back(tokenizer, text_and_cuts):
+    """After every delta the content streamed so far is a prefix of the final
+    content: no partial tag (or anything else) is sent and later found to be markup."""
+    text, cuts = text_and_cuts
+    final = non_streaming(Spark25ToolParser(tokenizer), text, REQUEST).content or ""
+    parser = Spark25ToolParser(tokenizer)
+    streamed = ""
+    for delta in split_at(text, cuts):
+        message = parser.extract_tool_calls_streaming("", delta, delta, [], [], [], REQUEST)
+        streamed += (message and message.content) or ""
+        assert final.startswith(streamed)
+
+
+def test_a_partial_tag_is_held_back_until_it_resolves(tokenizer):
+    parser = Spark25ToolParser(tokenizer)
+
+    def content_of(delta):
+        message = parser.extract_tool_calls_streaming("", delta, delta, [], [], [], REQUEST)
+        return message and message.content
+
+    assert content_of("Hello <tool_") == "Hello "
+    assert content_of("cal") is None
+    assert content_of("m and <") == "<tool_calm and "
+    assert content_of("/arg_key") is None
+    assert parser.finish_streaming().content == "</arg_key"
+
+
+def test_calls_stream_as_soon_as_name_and_each_pair_are_complete(tokenizer):
+    text = (
+        "Sure.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+        "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"
+    )
+    parser = Spark25ToolParser(tokenizer)
+    seen = []  # (characters fed, what arrived)
+    for position, char in enumerate(text, 1):
+        message = parser.extract_tool_calls_streaming("", char, char, [], [], [], REQUEST)
+        if message is None:
+            continue
+        if message.content:
+            seen.append((position, "content", message.content))
+        for call in message.tool_calls:
+            if call.function.name:
+                seen.append((position, "name", call.function.name))
+            if call.function.arguments:
+                seen.append((position, "arguments", call.function.arguments))
+    assert parser.finish_streaming() is None
+
+    def end_of(fragment, occurrence=1):
+        index = -1
+        for _ in range(occurrence):
+            index = text.index(fragment, index + 1)
+        return index + len(fragment)
+
+    content = [(position, value) for position, kind, value in seen if kind == "content"]
+    assert "".join(value for _, value in content) == "Sure.\n"
+    assert content[0] == (1, "S")  # content streams at once
+    assert [entry for entry in seen if entry[1] != "content"] == [
+        (end_of("get_weather") + 1, "name", "get_weather"),  # at the newline
+        (end_of("</arg_value>"), "arguments", '{"city":"Paris"'),
+        (end_of("</arg_value>", 2), "arguments", ',"days":3'),
+        (len(text), "arguments", "}"),
+    ]
+
+
+def test_special_token_deltas_through_vllms_serving_parser(tokenizer):
+    """The serving layer's own ``Parser`` streams token by token (tags as single
+    special tokens) and ends the stream with ``finished=True``: the held-back tail
+    and an unclosed call are released exactly as the non-streaming path reports."""
+    parser_cls = serving_parser_cls(tokenizer)
+    tail = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Pa"
+    for text in [
+        "Hi <tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>",
+        f"Hi <tool_call>typed</tool_call> {tail}",
+        "a <tool_c",
+    ]:
+        reasoning, content, calls = parser_cls(tokenizer).parse(
+            text, REQUEST, enable_auto_tools=True
+        )
+        full = Parsed(content, [(call.name, call.arguments) for call in calls or []])
+        deltas = serving_parser_deltas(parser_cls(tokenizer), tokenizer, text, REQUEST)
+        assert reasoning is None
+        assert accumulate(deltas) == full
+
+
+def _stream_seconds(tokenizer, text):
+    """Best of three runs of a 1-character stream through the parser."""
+    best = float("inf")
+    for _ in range(3):
+        parser = Spark25ToolParser(tokenizer)
+        stream = parser.extract_tool_calls_streaming
+        start = time.perf_counter()
+        for char in text:
+            stream("", char, char, (), (), (), REQUEST)
+        parser.finish_streaming()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+@pytest.mark.parametrize(
+    "unit",
+    [
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>x < y</arg_value></tool_call> ",
+        None,  # one call with one long value: quadratic in parsers that re-scan it
+    ],
+    ids=["many-calls", "one-long-value"],
+)
+def test_streaming_cost_grows_linearly(tokenizer, unit):
+    def output(size):
+        if unit is not None:
+            return unit * (size // len(unit))
+        return (
+            "<tool_call>get_weather<arg_key>city</arg_key><arg_value>"
+            + "if a < b: c = '<arg>'\n" * (size // 22)
+            + "</arg_value></tool_call>"
+        )
+
+    small, large = (
+        _stream_seconds(tokenizer, output(20_000)),
+        _stream_seconds(tokenizer, output(80_000)),
+    )
+    # 4x the output: linear work takes ~4x the time, quadratic ~16x.
+    assert large / small < 8, (small, large)

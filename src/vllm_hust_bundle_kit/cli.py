@@ -1,0 +1,261 @@
+"""vllm-hust-bundle: render, validate and inspect vLLM-HUST extension bundles.
+
+render builds each bundle's JSON manifest from a source checkout's
+manifest.toml (for release managers). validate, inspect and env work on the
+installed distributions (for operators): inspect says what the extension
+manager (vllm-hust-ext) would do with a bundle, env prints what it would
+inject. The manager's state file is read, never written: enabling stays the
+manager's job.
+
+Exit status: 0 all good; 1 the command ran and found a problem (a stale or
+invalid manifest, a launch the manager would refuse); 2 it could not run as
+asked (bad arguments, an unknown bundle id, an unreadable or malformed input).
+Problems print one line on stderr: PROG: error: FILE: FIELD = VALUE: PROBLEM AND FIX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from vllm_hust_bundle_kit import installed, manager, render
+from vllm_hust_bundle_kit.contract import MANAGER_LAUNCH_ONLY_ENVS
+from vllm_hust_bundle_kit.errors import BundleError
+from vllm_hust_bundle_kit.versions import host_compatibility
+
+PROG = "vllm-hust-bundle"
+OK, FOUND_PROBLEM, CANNOT_RUN = 0, 1, 2
+
+
+class Finding(Exception):
+    """The command ran and found a problem: exit status 1, this message on stderr."""
+
+
+def _emit(args: argparse.Namespace, document: Any, lines: Sequence[str]) -> None:
+    print(json.dumps(document, indent=2, sort_keys=True) if args.json else "\n".join(lines))
+
+
+def _render(args: argparse.Namespace) -> int:
+    rendered = render.render(Path(args.root))
+    if args.check:
+        stale = [str(item.path) for item in rendered if not item.is_current()]
+        _emit(
+            args,
+            {
+                "stale": stale,
+                "current": [str(i.path) for i in rendered if str(i.path) not in stale],
+            },
+            [f"{'stale' if str(i.path) in stale else 'up to date'}: {i.path}" for i in rendered],
+        )
+        if stale:
+            raise Finding(
+                f"{', '.join(stale)}: stale; it differs from what manifest.toml renders, "
+                f"run `{args.prog} render`"
+            )
+        return OK
+    written = set(render.write(rendered))
+    report = {str(item.path): "wrote" if item.path in written else "unchanged" for item in rendered}
+    _emit(args, report, [f"{state}: {path}" for path, state in report.items()])
+    return OK
+
+
+def _validate(args: argparse.Namespace) -> int:
+    report = []
+    for bundle in installed.select(installed.discover(), args.extension_ids):
+        try:
+            installed.validate(bundle)
+            problem = None
+        except BundleError as exc:
+            problem = str(exc)
+        report.append(
+            {
+                "extension_id": bundle.extension_id,
+                "manifest_path": str(bundle.manifest_path),
+                "valid": problem is None,
+                "problem": problem,
+            }
+        )
+    _emit(
+        args,
+        report,
+        [
+            f"valid: {item['extension_id']} ({item['manifest_path']})"
+            if item["valid"]
+            else f"invalid: {item['problem']}"
+            for item in report
+        ],
+    )
+    invalid = [item["extension_id"] for item in report if not item["valid"]]
+    if invalid:
+        raise Finding(f"invalid bundle manifests: {', '.join(invalid)}")
+    return OK
+
+
+def _inspect_one(bundle: installed.Bundle, state: manager.ManagerState) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        "extension_id": bundle.extension_id,
+        "manifest_path": str(bundle.manifest_path),
+        "distribution": f"{bundle.distribution.name} {bundle.distribution.version}",
+    }
+    try:
+        installed.validate(bundle)
+    except BundleError as exc:
+        return {**item, "problem": str(exc)}
+    compatibility = host_compatibility(bundle.manifest)
+    refusal = manager.launch_refusal(bundle)
+    return {
+        **item,
+        "problem": None,
+        "extension_version": bundle.manifest["extension_version"],
+        "carriers": bundle.carriers(),
+        "activation_blocker": installed.activation_blocker(bundle.manifest),
+        "host": {
+            "name": compatibility.host_name,
+            "installed": compatibility.host_version,
+            "version_range": compatibility.version_range,
+            "compatibility": compatibility.state,
+            "note": compatibility.prerelease_note(),
+        },
+        "manager_state": {
+            "path": str(state.path),
+            "enabled": bundle.extension_id in state.enabled,
+            "problem": state.problem,
+        },
+        "launch_refusal": refusal,
+        "launch_environment": None if refusal else manager.activation_environment([bundle]),
+        "launch_also_sets": list(MANAGER_LAUNCH_ONLY_ENVS),
+    }
+
+
+def _inspect_lines(item: dict[str, Any]) -> list[str]:
+    if item["problem"] and "carriers" not in item:
+        return [f"{item['extension_id']}: invalid: {item['problem']}"]
+    host, state = item["host"], item["manager_state"]
+    lines = [
+        f"{item['extension_id']} {item['extension_version']} ({item['distribution']})",
+        f"  manifest: {item['manifest_path']}",
+        *(f"  carrier: {target} ({status})" for target, status in item["carriers"].items()),
+        f"  host: {host['name']} {host['installed'] or '(not installed)'}, range "
+        f"{host['version_range']}: {host['compatibility']}",
+        *([f"  note: {host['note']}"] if host["note"] else []),
+        f"  manager state {state['path']}: {'enabled' if state['enabled'] else 'not enabled'}",
+        *([f"  manager problem: {state['problem']}"] if state["problem"] else []),
+    ]
+    if item["launch_refusal"]:
+        return [*lines, f"  launch: refused: {item['launch_refusal']}"]
+    injected = " ".join(f"{k}={shlex.quote(v)}" for k, v in item["launch_environment"].items())
+    return [
+        *lines,
+        f"  launch: vllm-hust-ext run would inject {injected}",
+        f"  and, at launch only: {', '.join(item['launch_also_sets'])}",
+    ]
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    bundles = installed.discover()
+    selected = installed.select(bundles, args.extension_ids)
+    state = manager.read_state(manager.state_path(), [b.extension_id for b in bundles])
+    report = [_inspect_one(bundle, state) for bundle in selected]
+    _emit(args, report, [line for item in report for line in _inspect_lines(item)])
+    problems = [
+        item["extension_id"]
+        for item in report
+        if item["problem"] or item.get("launch_refusal") or state.problem
+    ]
+    if problems:
+        raise Finding(f"the extension manager would not launch: {', '.join(problems)}")
+    return OK
+
+
+def _env(args: argparse.Namespace) -> int:
+    selected = installed.select(installed.discover(), args.extension_ids)
+    for bundle in selected:
+        installed.validate(bundle)
+    try:
+        environment = manager.activation_environment(selected)
+    except BundleError as exc:
+        raise Finding(str(exc)) from None
+    _emit(
+        args,
+        environment,
+        [f"export {name}={shlex.quote(value)}" for name, value in sorted(environment.items())],
+    )
+    return OK
+
+
+def _version() -> str:
+    """The distribution that installs this command (found by its console script)."""
+    owners = sorted(
+        {
+            f"{dist.metadata['Name']} {dist.version}"
+            for dist in importlib.metadata.distributions()
+            if any(ep.value.startswith(f"{__package__}.cli:") for ep in dist.entry_points)
+        }
+    )
+    return f"%(prog)s, from {', '.join(owners) or 'a source tree'}"
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    json_help = "print JSON instead of text"
+    ids_help = "bundle ids (default: every installed bundle)"
+
+    def command(name: str, help_text: str, handler: Callable[..., int]) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("--json", action="store_true", help=json_help)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    sub = command("render", "validate manifest.toml and write each bundle's JSON manifest", _render)
+    sub.add_argument("--root", default=".", help="project root holding manifest.toml")
+    sub.add_argument("--check", action="store_true", help="write nothing; exit 1 if one is stale")
+    sub = command("validate", "check installed bundles' manifests", _validate)
+    sub.add_argument("extension_ids", nargs="*", metavar="BUNDLE_ID", help=ids_help)
+    sub = command(
+        "inspect",
+        "show installed bundles as the extension manager sees them: carriers, host "
+        "compatibility, state, and what a launch would inject or why it would be refused",
+        _inspect,
+    )
+    sub.add_argument("extension_ids", nargs="*", metavar="BUNDLE_ID", help=ids_help)
+    sub = command(
+        "env",
+        "print the variables a manager launch with these bundles enabled injects, to "
+        "export them by hand where the manager is not installed",
+        _env,
+    )
+    sub.add_argument("extension_ids", nargs="+", metavar="BUNDLE_ID", help="bundle ids")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    args = _parser(prog).parse_args(argv)
+    args.prog = prog
+    try:
+        return args.handler(args)
+    except Finding as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return FOUND_PROBLEM
+    except BundleError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return CANNOT_RUN
+    except BrokenPipeError:  # the reader (e.g. `| head`) stopped reading: not an error
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's flush quiet
+        return OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""A carrier's ``vllm.general_plugins`` entry point (standard library only).
+
+vLLM calls a general plugin in every process it starts (API server, engine
+core, workers). :func:`carrier_entry_point` builds that callable for a carrier:
+it runs once per process, reads the carrier's gate, and logs exactly one INFO
+load line under ``vllm.`` whether the carrier is enabled or not, so a normal
+``vllm serve`` log proves the carrier was discovered. Only when the gate is
+open does it call the carrier's ``register_enabled``, which is where anything
+heavy (vLLM, torch) gets imported. Nothing raises into vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from vllm_hust_bundle_kit.gate import CarrierGate, GateDecision
+
+LOAD_LINE = "%s loaded (%s)"
+
+
+def log_line(logger: logging.Logger, level: int, message: str, *args: object) -> None:
+    """Log under ``vllm.``; before vLLM has configured logging, print it ourselves.
+
+    ``vllm serve`` loads general plugins while it builds its argument parser,
+    before it installs its log handler; without this the API server process
+    would drop the line.
+    """
+    if logging.getLogger("vllm").handlers or logging.getLogger().handlers:
+        logger.log(level, message, *args)
+        return
+    threshold = logging.getLevelName(os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper())
+    if isinstance(threshold, int) and level < threshold:
+        return
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(
+        logging.Formatter(
+            "(%(processName)s pid=%(process)d) %(levelname)s %(asctime)s "
+            f"[{logger.name.rpartition('.')[2]}] %(message)s",
+            "%m-%d %H:%M:%S",
+        )
+    )
+    previous_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    try:
+        logger.log(level, message, *args)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous_level)
+
+
+def _host_version(gate: CarrierGate) -> str:
+    try:
+        return importlib.metadata.version(gate.host_name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def carrier_entry_point(
+    *,
+    name: str,
+    logger_name: str,
+    load_gate: Callable[[], CarrierGate],
+    register_enabled: Callable[[GateDecision], Sequence[str]],
+) -> Callable[[], None]:
+    """The ``register`` callable for one carrier.
+
+    ``name`` starts the load line (``<name> loaded (enabled=...)``); ``logger_name``
+    must be under ``vllm.``. ``load_gate`` returns the carrier's gate (called once,
+    inside the error guard). ``register_enabled`` registers the carrier with vLLM
+    and returns ``key=value`` details for the load line.
+    """
+    logger = logging.getLogger(logger_name)
+    done = False
+
+    def register() -> None:
+        nonlocal done
+        if done:
+            return
+        done = True
+        gate = None
+        try:
+            gate = load_gate()
+            decision = gate.decide()
+            for warning in decision.warnings:
+                log_line(logger, logging.WARNING, "%s: %s", name, warning)
+            if not decision.enabled:
+                details = [
+                    "enabled=0",
+                    f"reason={decision.source}",
+                    f"to enable set {gate.enable_env}=1 or enable bundle {gate.bundle_id} "
+                    "with vllm-hust-ext",
+                ]
+            else:
+                details = [
+                    "enabled=1",
+                    f"via={decision.source}",
+                    *register_enabled(decision),
+                    f"{gate.host_name}={_host_version(gate)}",
+                    f"verified={gate.host_range}",
+                ]
+            log_line(logger, logging.INFO, LOAD_LINE, name, ", ".join(details))
+        except Exception as exc:  # vLLM must keep starting whatever happens here
+            fix = (
+                f"check that the installed {gate.host_name} is in the carrier's verified range "
+                f"{gate.host_range} (`vllm-hust-bundle inspect {gate.bundle_id}`) or unset "
+                f"{gate.enable_env} to disable the carrier"
+                if gate is not None
+                else "reinstall the distribution"
+            )
+            log_line(
+                logger,
+                logging.ERROR,
+                "%s failed to register (%s: %s); vLLM continues without it. Fix: %s.",
+                name,
+                type(exc).__name__,
+                exc,
+                fix,
+            )
+
+    return register

@@ -1,0 +1,80 @@
+"""How the toolkit reports a problem: one line naming the file, the field, the value, the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MISSING = object()
+# Values are quoted up to this many characters.
+MAX_SHOWN_CHARS = 80
+# Deeper than this, a manifest, state file or TOML source is refused before it is walked.
+MAX_NESTING = 64
+
+
+class BundleError(ValueError):
+    """One line for the operator: the file, the field, the value and the fix."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What is wrong with one field: its path inside a document, its value, the fix."""
+
+    path: tuple[str | int, ...]
+    value: Any
+    message: str
+
+
+def dotted(path: Sequence[str | int]) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def shown(value: Any) -> str:
+    """``value`` as JSON, cut to a bounded length."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    except (ValueError, RecursionError):
+        text = repr(value)
+    if len(text) <= MAX_SHOWN_CHARS:
+        return text
+    return text[: MAX_SHOWN_CHARS - 3] + "..."
+
+
+def error(where: str | os.PathLike[str], problem: Problem) -> BundleError:
+    field = dotted(problem.path)
+    if problem.value is MISSING:
+        return BundleError(f"{where}: {field}: {problem.message}")
+    return BundleError(f"{where}: {field} = {shown(problem.value)}: {problem.message}")
+
+
+def nesting_depth(document: Any) -> int:
+    """How deeply lists and objects nest in ``document`` (walked without recursion)."""
+    deepest = 0
+    pending: list[tuple[Any, int]] = [(document, 0)]
+    while pending:
+        value, depth = pending.pop()
+        if isinstance(value, dict):
+            children = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        if deepest > MAX_NESTING:
+            return deepest
+        pending.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def check_nesting(where: str | os.PathLike[str], document: Any) -> None:
+    if nesting_depth(document) > MAX_NESTING:
+        raise BundleError(
+            f"{where}: nested more than {MAX_NESTING} levels deep; no manifest or state file "
+            "needs that, fix the file"
+        )

@@ -1,0 +1,164 @@
+"""A carrier's default-off switch: environment in, decision out (standard library only).
+
+A carrier is enabled in a vLLM process when its enable variable is on, or when
+the extension manager lists its bundle in ``VLLMHUST_EXT_ENABLED_BUNDLES`` and
+the carrier's own manifest says the manager may enable it (status ``active``).
+The bundle id, the enable variable (the one ``activation.environment`` entry
+whose value is ``"1"``), the carrier's status and the host range are read from
+the bundle's rendered manifest, so ``manifest.toml`` is the one place they are
+written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+
+from vllm_hust_bundle_kit.contract import ACTIVE, ENABLED_BUNDLES_ENVS, MANIFEST_FILENAMES
+
+ON_VALUES = ("1", "true", "yes", "on")
+OFF_VALUES = ("0", "false", "no", "off")
+# A value is echoed in a warning up to this many characters.
+MAX_ECHOED_CHARS = 64
+
+
+class GateError(ValueError):
+    """The carrier's rendered manifest cannot tell the gate what it needs."""
+
+
+def echoed(value: str) -> str:
+    """``repr(value)``, cut to a bounded length so a hostile value cannot flood a log."""
+    if len(value) <= MAX_ECHOED_CHARS:
+        return repr(value)
+    return f"{value[:MAX_ECHOED_CHARS]!r}... ({len(value)} characters)"
+
+
+def parse_switch(environ: Mapping[str, str], name: str, warnings: list[str]) -> bool | None:
+    """``True``/``False`` for an on/off value of ``name``, ``None`` when unset or empty.
+
+    Case and surrounding whitespace are ignored. Any other value adds a warning
+    and reads as off: a switch that cannot be understood never turns a carrier on.
+    """
+    raw = environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    value = raw.strip().lower()
+    if value in ON_VALUES:
+        return True
+    if value in OFF_VALUES:
+        return False
+    warnings.append(
+        f"{name}={echoed(raw)} is not understood; use one of {', '.join(ON_VALUES)} "
+        f"(on) or {', '.join(OFF_VALUES)} (off); treating it as off"
+    )
+    return False
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """Whether the carrier registers anything in this process, and why."""
+
+    enabled: bool
+    source: str
+    override: bool = False
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class CarrierGate:
+    """One carrier's switch: its bundle, its variables, and what its manifest allows."""
+
+    bundle_id: str
+    enable_env: str
+    override_env: str
+    manager_may_enable: bool
+    host_name: str
+    host_range: str
+
+    @classmethod
+    def from_bundle_package(cls, package: str, carrier: str, override_env: str) -> CarrierGate:
+        """The gate of ``carrier`` (``module:object``) in the bundle manifest of ``package``."""
+        manifest = _read_manifest(package)
+        try:
+            statuses = {
+                item["status"]
+                for item in manifest["implementation"]
+                if f"{item.get('module')}:{item.get('object')}" == carrier
+            }
+            switches = [
+                name
+                for name, value in manifest.get("activation", {}).get("environment", {}).items()
+                if value == "1"
+            ]
+            host = manifest["host"]
+            bundle_id = manifest["extension_id"]
+            host_name, host_range = host["name"], host["version_range"]
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise GateError(f"bundle manifest of {package} is malformed ({exc!r})") from None
+        if len(statuses) != 1 or len(switches) != 1:
+            raise GateError(
+                f"bundle manifest of {package} must list carrier {carrier} once and set exactly "
+                f'one activation.environment variable to "1" (found {len(statuses)} carrier '
+                f"entries, variables {switches}); re-render it from manifest.toml"
+            )
+        return cls(
+            bundle_id=bundle_id,
+            enable_env=switches[0],
+            override_env=override_env,
+            manager_may_enable=statuses == {ACTIVE},
+            host_name=host_name,
+            host_range=host_range,
+        )
+
+    def decide(self, environ: Mapping[str, str] | None = None) -> GateDecision:
+        """Read the switches from ``environ`` (default: the process environment)."""
+        env = os.environ if environ is None else environ
+        warnings: list[str] = []
+        override = parse_switch(env, self.override_env, warnings) is True
+        switch = parse_switch(env, self.enable_env, warnings)
+        if switch is not None:
+            # An explicit setting, on or off, wins over the manager's bundle list.
+            value = env[self.enable_env].strip().lower()
+            understood = value in ON_VALUES or value in OFF_VALUES
+            source = f"{self.enable_env}={value}" if understood else f"{self.enable_env} invalid"
+            return GateDecision(switch, source, override, tuple(warnings))
+        listed_in = self._listed_in(env)
+        if listed_in is None:
+            return GateDecision(False, f"{self.enable_env} unset", override, tuple(warnings))
+        if not self.manager_may_enable:
+            return GateDecision(
+                False,
+                f"{listed_in} lists {self.bundle_id} but its manifest does not let the manager "
+                f"enable it (status not {ACTIVE}); set {self.enable_env}=1 to enable it by hand",
+                override,
+                tuple(warnings),
+            )
+        return GateDecision(True, f"{listed_in} lists {self.bundle_id}", override, tuple(warnings))
+
+    def _listed_in(self, environ: Mapping[str, str]) -> str | None:
+        for name in ENABLED_BUNDLES_ENVS:
+            if self.bundle_id in {item.strip() for item in environ.get(name, "").split(",")}:
+                return name
+        return None
+
+
+def _read_manifest(package: str) -> dict:
+    try:
+        folder = resources.files(package)
+        found = [folder / name for name in MANIFEST_FILENAMES if (folder / name).is_file()]
+        if len(found) != 1:
+            raise GateError(
+                f"package {package} holds {len(found)} of {', '.join(MANIFEST_FILENAMES)}; "
+                "it must hold exactly one (reinstall the distribution)"
+            )
+        manifest = json.loads(found[0].read_text(encoding="utf-8"))
+    except (ImportError, OSError, ValueError, RecursionError) as exc:
+        if isinstance(exc, GateError):
+            raise
+        raise GateError(f"cannot read the bundle manifest of {package} ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise GateError(f"bundle manifest of {package} is not a JSON object")
+    return manifest
