@@ -48,6 +48,8 @@ transformers 4.x (where ``PretrainedConfig.__init__`` owns
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -400,6 +402,23 @@ class Spark2_5Config(PretrainedConfig):
         # vLLM reads sliding_window whatever the layer types, so a set value must be sane.
         if SLIDING_ATTENTION in layer_types or self.sliding_window is not None:
             _require_size("sliding_window", self.sliding_window)
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
+        """The config from a ``config.json``'s dict, as ``PretrainedConfig`` builds it.
+
+        When ``AutoConfig`` (which vLLM uses) loads it from a local folder, the
+        folder's ``.safetensors`` files are checked too, headers and sizes only:
+        vLLM reads their headers right after the config (for the dtype and the
+        tied head) and would fail there with an error naming no file.
+        """
+        loaded = super().from_dict(config_dict, **kwargs)
+        folder = kwargs.get("name_or_path")
+        if folder is not None and os.path.isdir(folder):
+            from vllm_spark2_5_plugin.spark2_5_checkpoint import refuse_damaged_files
+
+            refuse_damaged_files(Path(folder))
+        return loaded
 
     def convert_rope_params_to_dict(self, **kwargs: Any) -> dict[str, Any]:
         """Complete each layer type's RoPE entry; transformers 5.x calls this from ``__init__``.
