@@ -11,9 +11,10 @@ vLLM's loaders see it.
   stage, including tensors another stage loads.
 * **Dtype**: floating point only.
 * **Values**: no NaN or infinity, when ``SPARK2_5_PLUGIN_CHECK_FINITE=1``. Off
-  by default: on the 4B's shapes in bf16 on a 2-core CPU it added about half
-  to the load time or more (``benchmarks/bench_checkpoint_checks.py``), which
-  is not small against loading.
+  by default: on the 4B's shapes in bf16 on a shared 2-core CPU it added 37% to
+  94% to the load time (medians of four runs of
+  ``benchmarks/bench_checkpoint_checks.py``), which is not small against
+  loading.
 * **Files**: a damaged ``.safetensors`` file is named.
 
 Quantized checkpoints carry integer tensors (packed weights, zero points,
