@@ -65,9 +65,9 @@ DEFAULT_ROPE_PARAMETERS = {
     FULL_ATTENTION: {"rope_theta": 5_000_000, "partial_rotary_factor": 0.25},
     SLIDING_ATTENTION: {"rope_theta": 10_000, "partial_rotary_factor": 1.0},
 }
-ROPE_ENTRY_KEYS = ("rope_theta", "partial_rotary_factor", "rope_type", "type")
-# Top-level keys that fill the rope_parameters entries lacking them (transformers' rule).
-LEGACY_ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
+# The numbers of a RoPE entry; at the top level (legacy) they fill the entries lacking them.
+ROPE_VALUE_KEYS = ("rope_theta", "partial_rotary_factor")
+ROPE_ENTRY_KEYS = (*ROPE_VALUE_KEYS, "rope_type", "type")
 # RoPE spellings of other models that vLLM would otherwise pick up from any config.
 FOREIGN_ROPE_KEYS = ("rotary_emb_base", "rotary_pct", "rotary_emb_fraction")
 
@@ -185,7 +185,7 @@ def _validate_rope_entry(layer_type: str, entry: dict[str, Any], head_dim: int) 
             raise Spark2_5ConfigError(
                 f"{key}[{entry_key!r}]", value, 'Spark2_5 uses plain RoPE: set it to "default"'
             )
-        if entry_key in LEGACY_ROPE_KEYS:
+        if entry_key in ROPE_VALUE_KEYS:
             _require_rope_value(f"{key}[{entry_key!r}]", entry_key, value)
     factor = entry.get("partial_rotary_factor", 1.0)
     rotary_dim = int(head_dim * factor)
@@ -240,7 +240,7 @@ def _apply_legacy_rope_keys(rope_parameters: dict, legacy: dict[str, Any]) -> No
                 key,
                 value,
                 f"every rope_parameters entry sets its own {key}, so this top-level value "
-                f"would be ignored; remove it, or set it in rope_parameters[<layer type>]",
+                "would be ignored; remove it, or set it in rope_parameters[<layer type>]",
             )
         for entry in lacking:
             entry[key] = value
@@ -291,6 +291,8 @@ class Spark2_5Config(PretrainedConfig):
         bos_token_id: int | None = 0,
         eos_token_id: int | list[int] | None = 1,
         pad_token_id: int | None = 2,
+        # Legacy RoPE keys, taken here so the base class never sees them (its
+        # rope_scaling setter would replace rope_parameters wholesale).
         rope_scaling: Any = None,
         rope_theta: Any = None,
         partial_rotary_factor: Any = None,
