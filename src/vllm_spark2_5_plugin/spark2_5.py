@@ -13,6 +13,7 @@ checkpoint's separate ``gate_proj``/``up_proj`` (and re-exported separate
 
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from functools import partial
 from itertools import islice
 from typing import ClassVar
 
@@ -48,6 +49,13 @@ from vllm.model_executor.models.utils import (
 from vllm.sequence import IntermediateTensors
 
 from vllm_spark2_5_plugin import compat
+from vllm_spark2_5_plugin.spark2_5_checkpoint import (
+    Spark2_5CheckpointError,
+    TensorChecks,
+    checkpoint_folder,
+    finite_check_requested,
+    naming_damaged_files,
+)
 from vllm_spark2_5_plugin.spark2_5_config import SLIDING_ATTENTION, Spark2_5Config
 
 Attention = compat.attention_cls()
@@ -317,6 +325,16 @@ class Spark2_5ForCausalLM(nn.Module, SupportsPP):
         else:
             self.lm_head = PPMissingLayer()
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
+        self.tensor_checks = TensorChecks(
+            config,
+            quantized=vllm_config.quant_config is not None,
+            check_finite=finite_check_requested(),
+        )
+        model_config, load_config = vllm_config.model_config, vllm_config.load_config
+        # Where vLLM reads the weights from, to name a damaged file should reading fail.
+        self.checkpoint_folder = partial(
+            checkpoint_folder, model_config.model, model_config.revision, load_config.download_dir
+        )
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
@@ -337,7 +355,8 @@ class Spark2_5ForCausalLM(nn.Module, SupportsPP):
         # A tied checkpoint may still carry lm_head.weight; the head is the
         # embedding, so that copy is dropped rather than written over it.
         skip_prefixes = ("lm_head.",) if self.config.tie_word_embeddings else ()
-        ledger = _CheckpointLedger(self, skip_prefixes)
+        ledger = _CheckpointLedger(self, skip_prefixes, self.tensor_checks)
+        weights = naming_damaged_files(weights, self.checkpoint_folder)
         loaded = compat.load_weights(
             self, ledger.track(weights), stacked=STACKED_PARAMS, skip_prefixes=skip_prefixes
         )
@@ -353,12 +372,16 @@ class _CheckpointLedger:
 
     A tensor with no parameter to go to, a parameter (or one shard of a packed
     one) filled twice, and a parameter left unfilled are errors that name the
-    checkpoint tensors involved.
+    checkpoint tensors involved; so are a tensor of the wrong shape or dtype
+    (checked on every stage, whichever loads it) and one holding NaN/Inf.
     """
 
-    def __init__(self, model: nn.Module, skip_prefixes: tuple[str, ...]) -> None:
+    def __init__(
+        self, model: nn.Module, skip_prefixes: tuple[str, ...], checks: TensorChecks
+    ) -> None:
         self.model = model
         self.skip_prefixes = skip_prefixes
+        self.checks = checks
         self.params = dict(model.named_parameters())
         self.filled: dict[str, dict[str | int, str]] = defaultdict(dict)
 
@@ -372,17 +395,20 @@ class _CheckpointLedger:
             target, shard_id = _packed_target(name)
             if target not in self.params:
                 if is_pp_missing_parameter(target, self.model):
+                    self.checks.check_layout(name, tensor)
                     continue  # another pipeline stage loads it
-                raise ValueError(
+                raise Spark2_5CheckpointError(
                     f"Unexpected tensor {name!r} in the Spark2_5 checkpoint: "
                     f"{type(self.model).__name__} has no parameter {target!r} for it "
                     "(check the checkpoint against config.json: bias, head and layer counts)"
                 )
+            self.checks.check_layout(name, tensor)
+            self.checks.check_values(name, tensor)
             shard = _WHOLE if shard_id is None else shard_id
             filled = self.filled[target]
             if filled and (shard == _WHOLE or _WHOLE in filled or shard in filled):
                 clash = filled.get(shard) or filled.get(_WHOLE) or next(iter(filled.values()))
-                raise ValueError(
+                raise Spark2_5CheckpointError(
                     f"Checkpoint tensors {clash!r} and {name!r} both load into {target!r}; "
                     "keep either the fused tensor or its parts, once"
                 )
@@ -405,7 +431,7 @@ class _CheckpointLedger:
             else:
                 missing.extend(part for shard, part in parts.items() if shard not in filled)
         if missing:
-            raise ValueError(
+            raise Spark2_5CheckpointError(
                 "The Spark2_5 checkpoint lacks these tensors: "
                 + "; ".join(missing)
                 + ". Check that it matches its config.json (layers, tie_word_embeddings, "

@@ -170,7 +170,7 @@ INVALID = [
     ({"sliding_window": None}, "sliding_window", "positive integer"),
     ({"tie_word_embeddings": "yes"}, "tie_word_embeddings", "true or false"),
     ({"headwise_attn_output_gate": 1}, "headwise_attn_output_gate", "true or false"),
-    ({"rms_norm_eps": 0}, "rms_norm_eps", "> 0"),
+    ({"rms_norm_eps": 0}, "rms_norm_eps", "[1.17549e-38, 1]"),
 ]
 
 

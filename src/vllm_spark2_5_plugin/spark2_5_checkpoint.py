@@ -1,0 +1,279 @@
+"""What a Spark2_5 checkpoint must be before any of its tensors loads.
+
+A checkpoint that does not match its ``config.json`` never loads: vLLM's weight
+loaders copy a larger tensor's leading rows without complaint and cast any
+dtype, so these checks run on each tensor as the loader streams it, before
+vLLM's loaders see it.
+
+* **Shape**: every tensor's full shape, as the file holds it (each
+  tensor-parallel rank slices its part later, so every rank compares the whole
+  tensor with the whole shape the config implies), and on every pipeline
+  stage, including tensors another stage loads.
+* **Dtype**: floating point only.
+* **Values**: no NaN or infinity, when ``SPARK2_5_PLUGIN_CHECK_FINITE=1``. Off
+  by default: on the 4B's shapes in bf16 on a shared 2-core CPU it added 37% to
+  94% to the load time (medians of four runs of
+  ``extensions/spark2_5/benchmarks/bench_checkpoint_checks.py``), which is not small against
+  loading.
+* **Files**: a damaged ``.safetensors`` file is named.
+
+Quantized checkpoints carry integer tensors (packed weights, zero points,
+``g_idx``) and scales in shapes each scheme defines. When vLLM runs the model
+with a quantization config, only the tensors of layers Spark2_5 builds
+unquantized whatever the scheme (the RMSNorms and the head-wise gate
+``g_proj``) are checked; without one, every tensor is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:  # the config module imports this one to check files at config load
+    from vllm_spark2_5_plugin.spark2_5_config import Spark2_5Config
+
+# Checkpoint name (decoder layers as "layers.") -> its shape, as expressions of the config.
+CHECKPOINT_SHAPES: dict[str, tuple[str, ...]] = {
+    "model.embedding.weight": ("vocab_size", "hidden_size"),
+    "lm_head.weight": ("vocab_size", "hidden_size"),
+    "model.norm.weight": ("hidden_size",),
+    "layers.input_layernorm.weight": ("hidden_size",),
+    "layers.post_attention_layernorm.weight": ("hidden_size",),
+    "layers.self_attn.q_k_v_proj.weight": (
+        "(num_attention_heads + 2 * num_key_value_heads) * head_dim",
+        "hidden_size",
+    ),
+    "layers.self_attn.q_proj.weight": ("num_attention_heads * head_dim", "hidden_size"),
+    "layers.self_attn.k_proj.weight": ("num_key_value_heads * head_dim", "hidden_size"),
+    "layers.self_attn.v_proj.weight": ("num_key_value_heads * head_dim", "hidden_size"),
+    "layers.self_attn.g_proj.weight": ("num_attention_heads", "hidden_size"),
+    "layers.self_attn.out_proj.weight": ("hidden_size", "num_attention_heads * head_dim"),
+    "layers.mlp.gate_proj.weight": ("intermediate_size", "hidden_size"),
+    "layers.mlp.up_proj.weight": ("intermediate_size", "hidden_size"),
+    "layers.mlp.gate_up_proj.weight": ("2 * intermediate_size", "hidden_size"),
+    "layers.mlp.down_proj.weight": ("hidden_size", "intermediate_size"),
+}
+# Layers built without the quantization config, so plain floating tensors in any checkpoint.
+ALWAYS_UNQUANTIZED = (
+    "model.norm.weight",
+    "layers.input_layernorm.weight",
+    "layers.post_attention_layernorm.weight",
+    "layers.self_attn.g_proj.weight",
+)
+CHECK_FINITE_ENV = "SPARK2_5_PLUGIN_CHECK_FINITE"
+_CHECK_FINITE_VALUES = {
+    **dict.fromkeys(("1", "true", "yes", "on"), True),
+    **dict.fromkeys(("", "0", "false", "no", "off"), False),
+}
+_LAYER_PREFIX = re.compile(r"^model\.layers\.\d+\.")
+_CONFIG_KEY = re.compile(r"[a-z_]+")
+
+
+class Spark2_5CheckpointError(ValueError):
+    """A checkpoint that does not match its ``config.json``, or a damaged file; the
+    message names the tensor or file."""
+
+
+def _shape_values(config: Spark2_5Config) -> dict[str, int]:
+    """The value of every expression ``CHECKPOINT_SHAPES`` uses."""
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim, intermediate = config.head_dim, config.intermediate_size
+    return {
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": intermediate,
+        "2 * intermediate_size": 2 * intermediate,
+        "num_attention_heads": heads,
+        "num_attention_heads * head_dim": heads * head_dim,
+        "num_key_value_heads * head_dim": kv_heads * head_dim,
+        "(num_attention_heads + 2 * num_key_value_heads) * head_dim": (
+            (heads + 2 * kv_heads) * head_dim
+        ),
+    }
+
+
+def finite_check_requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``SPARK2_5_PLUGIN_CHECK_FINITE`` asks for the NaN/Inf check of every weight."""
+    raw = (os.environ if environ is None else environ).get(CHECK_FINITE_ENV, "")
+    requested = _CHECK_FINITE_VALUES.get(raw.strip().lower())
+    if requested is None:
+        raise ValueError(
+            f"{CHECK_FINITE_ENV}={raw[:80]!r} is not understood; set it to 1 to check every "
+            "weight for NaN/Inf while loading, or to 0 (or leave it unset) not to"
+        )
+    return requested
+
+
+class TensorChecks:
+    """Shape, dtype and (when ``check_finite``) value checks of checkpoint tensors
+    against one config."""
+
+    def __init__(self, config: Spark2_5Config, quantized: bool, check_finite: bool) -> None:
+        self.config = config
+        self.quantized = quantized
+        self.check_finite = check_finite
+        self.values = _shape_values(config)
+
+    def _applies(self, shape_key: str) -> bool:
+        return not self.quantized or shape_key in ALWAYS_UNQUANTIZED
+
+    def check_layout(self, name: str, tensor: torch.Tensor) -> None:
+        """Refuse a tensor whose dtype is not floating point or whose shape is not the
+        one ``config.json`` implies for ``name``."""
+        shape_key = _LAYER_PREFIX.sub("layers.", name)
+        if not self._applies(shape_key):
+            return
+        if not tensor.is_floating_point():
+            raise Spark2_5CheckpointError(
+                f"Checkpoint tensor {name!r} has dtype {tensor.dtype}; Spark2_5 weights are "
+                "floating point (bfloat16, float16 or float32), and vLLM would cast these "
+                "values silently. Re-export the checkpoint, or, if it is quantized, say so in "
+                "config.json's quantization_config"
+            )
+        expressions = CHECKPOINT_SHAPES.get(shape_key)
+        if expressions is None:
+            return  # not a Spark2_5 tensor: the loader refuses it by name
+        expected = [self.values[expression] for expression in expressions]
+        if list(tensor.shape) != expected:
+            keys = sorted({k for e in expressions for k in _CONFIG_KEY.findall(e)})
+            settings = ", ".join(f"{key}={getattr(self.config, key)}" for key in keys)
+            raise Spark2_5CheckpointError(
+                f"Checkpoint tensor {name!r} has shape {list(tensor.shape)}, but config.json "
+                f"implies {expected} = [{', '.join(expressions)}] with {settings}. The "
+                "checkpoint does not match its config.json: fix whichever of the two is wrong"
+            )
+
+    def check_values(self, name: str, tensor: torch.Tensor) -> None:
+        """Refuse a floating tensor holding NaN or infinity, if asked to check."""
+        shape_key = _LAYER_PREFIX.sub("layers.", name)
+        if not (self.check_finite and tensor.is_floating_point() and self._applies(shape_key)):
+            return
+        if has_non_finite(tensor):
+            nan = int(torch.isnan(tensor).sum())
+            inf = int(torch.isinf(tensor).sum())
+            raise Spark2_5CheckpointError(
+                f"Checkpoint tensor {name!r} holds {nan} NaN and {inf} infinite values "
+                f"(of {tensor.numel()}); the model would compute NaN. The checkpoint is "
+                "damaged: re-download or re-export it"
+            )
+
+
+def has_non_finite(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` holds a NaN or an infinity.
+
+    ``torch.aminmax`` reads the tensor once without allocating a mask (several
+    times faster than ``isfinite().all()`` on CPU): a NaN makes both extremes
+    NaN and an infinity is one of them. Unlike a sum it cannot overflow, so it
+    is exact for every floating dtype.
+    """
+    if tensor.numel() == 0:
+        return False
+    if tensor.element_size() == 1:  # float8: aminmax lacks kernels; float16 keeps NaN/Inf
+        tensor = tensor.to(torch.float16)
+    low, high = torch.aminmax(tensor)
+    return not bool(torch.isfinite(low) & torch.isfinite(high))
+
+
+# --- damaged safetensors files ------------------------------------------------------
+
+_HEADER_LENGTH_BYTES = 8
+
+
+def safetensors_damage(path: Path) -> str | None:
+    """What is wrong with the safetensors file at ``path``, or None if its header is
+    sound and its tensor data covers the rest of the file exactly."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as file:
+            length_bytes = file.read(_HEADER_LENGTH_BYTES)
+            if len(length_bytes) < _HEADER_LENGTH_BYTES:
+                return f"the file has {size} bytes, fewer than the 8-byte header length"
+            header_length = int.from_bytes(length_bytes, "little")
+            if _HEADER_LENGTH_BYTES + header_length > size:
+                return (
+                    f"its header claims {header_length} bytes but the file has only {size} "
+                    "bytes: it is truncated"
+                )
+            header = json.loads(file.read(header_length))
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror or exc})"
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return "its header is not valid JSON"
+    if not isinstance(header, dict):
+        return "its header is not a JSON object"
+    ends = [
+        entry["data_offsets"][1]
+        for key, entry in header.items()
+        if key != "__metadata__" and isinstance(entry, dict) and "data_offsets" in entry
+    ]
+    data_size = size - _HEADER_LENGTH_BYTES - header_length
+    if ends and max(ends) != data_size:
+        return (
+            f"its header places tensor data up to byte {max(ends)} of the data section, "
+            f"which has {data_size} bytes: it is truncated or damaged"
+        )
+    return None
+
+
+def checkpoint_folder(model: str, revision: str | None, download_dir: str | None) -> Path | None:
+    """The local folder vLLM reads ``model``'s weights from: the path itself, or the
+    Hugging Face cache snapshot it downloaded; None where neither is found."""
+    if os.path.isdir(model):
+        return Path(model)
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(
+            model, revision=revision, cache_dir=download_dir, local_files_only=True
+        )
+    except Exception:  # not a cached repository: nothing to diagnose
+        return None
+    return Path(folder)
+
+
+def refuse_damaged_files(folder: Path) -> None:
+    """Raise the error naming the first damaged safetensors file of ``folder``, if any."""
+    damaged = _first_damaged_file(folder)
+    if damaged is not None:
+        raise _damaged_file_error(*damaged)
+
+
+def naming_damaged_files(
+    weights: Iterable[tuple[str, torch.Tensor]], folder: Callable[[], Path | None]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``weights``, except that an error reading them becomes one naming the damaged
+    safetensors file of ``folder()`` it comes from (other errors pass unchanged)."""
+    iterator = iter(weights)
+    while True:
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return
+        except Exception as exc:
+            damaged = _first_damaged_file(folder())
+            if damaged is None:
+                raise
+            raise _damaged_file_error(*damaged) from exc
+        yield item
+
+
+def _first_damaged_file(folder: Path | None) -> tuple[Path, str] | None:
+    if folder is None:
+        return None
+    for path in sorted(folder.glob("*.safetensors")):
+        damage = safetensors_damage(path)
+        if damage is not None:
+            return path, damage
+    return None
+
+
+def _damaged_file_error(path: Path, damage: str) -> Spark2_5CheckpointError:
+    return Spark2_5CheckpointError(
+        f"Checkpoint file {str(path)!r} cannot be read: {damage}. Re-download or re-copy it"
+    )
