@@ -37,7 +37,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from vllm_spark2_5_plugin import compat
 
@@ -82,21 +82,97 @@ _JSON_TYPE_NAMES = {
     list: "array",
     dict: "object",
 }
-_INTEGER = re.compile(r"[-+]?\d+")
-_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+# A number as models write it: a sign, ASCII digits with at most one ".", an
+# exponent. Each part ends at a character it cannot contain, so a failed match
+# backtracks in time linear in the text's length, not quadratic.
+_NUMBER = re.compile(r"([-+]?)([0-9]*)(?:\.([0-9]*))?([eE][-+]?[0-9]+)?")
+# Python reads integers of at most this many digits (its default int-string
+# limit): longer ones in the arguments would break json.loads in clients, and in
+# vLLM itself when the call comes back in the conversation.
+MAX_INTEGER_DIGITS = 4300
+# Writing a number as an integer may append this many zeros, enough for every
+# float (1e308): more would turn a short value into a long one.
+MAX_EXPONENT_ZEROS = 308
+# An exponent beyond this decides nothing more: the number is far outside every
+# bound above either way.
+_EXPONENT_CLAMP = 10**9
 _NO_MATCH = object()
 _WHITESPACE = re.compile(r"\s")
 
 
-def _compact_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+class _Number(NamedTuple):
+    """A number literal: its JSON spelling, and its exact value ±``digits`` × 10**``scale``."""
+
+    spelling: str
+    negative: bool
+    digits: str  # no leading zeros; empty for zero
+    scale: int
 
 
-def _finite_float(text: str) -> float:
+def _read_number(text: str) -> _Number | None:
+    match = _NUMBER.fullmatch(text)
+    if match is None or not (match[2] or match[3]):
+        return None
+    sign, whole, fraction, exponent = match.groups(default="")
+    magnitude = exponent[1:].lstrip("+-").lstrip("0") or "0"
+    exponent_value = min(int(magnitude[:10]), _EXPONENT_CLAMP)
+    if exponent[1:2] == "-":
+        exponent_value = -exponent_value
+    digits = (whole + fraction).lstrip("0")
+    spelling = (
+        ("-" if sign == "-" else "")
+        + (whole.lstrip("0") or "0")
+        + ("." + fraction if fraction else "")
+        + exponent
+    )
+    return _Number(spelling, sign == "-" and bool(digits), digits, exponent_value - len(fraction))
+
+
+def _exact_value(number: _Number) -> tuple[bool, str, int]:
+    """The number's value in one canonical form, for exact comparison."""
+    significant = number.digits.rstrip("0")
+    if not significant:
+        return (False, "", 0)
+    return (number.negative, significant, number.scale + len(number.digits) - len(significant))
+
+
+def _integer_json(number: _Number) -> str | None:
+    """The number written out as a JSON integer, or None when it has a fraction or
+    would take more zeros or digits than allowed."""
+    if not number.digits:
+        return "0"
+    if number.scale > MAX_EXPONENT_ZEROS:
+        return None
+    if number.scale >= 0:
+        written = number.digits + "0" * number.scale
+    elif number.digits[number.scale :].strip("0"):
+        return None  # a fraction remains
+    else:
+        written = number.digits[: number.scale]
+    if len(written) > MAX_INTEGER_DIGITS:
+        return None
+    return "-" + written if number.negative else written
+
+
+def _shortest_exact(number: _Number, value: float) -> str | None:
+    """``repr`` of ``value`` (the finite ``float`` of the number's text) if it reads
+    back as exactly the value the model wrote, else None."""
+    shortest = repr(value)
+    return shortest if _exact_value(_read_number(shortest)) == _exact_value(number) else None
+
+
+def _exact_float(text: str) -> float:
+    """``parse_float`` for JSON values: a float only where it is exact."""
     value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is not a finite JSON number")
+    if not math.isfinite(value) or _shortest_exact(_read_number(text), value) is None:
+        raise ValueError(f"{text} is not exactly a float")
     return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INTEGER_DIGITS:
+        raise ValueError(f"an integer of more than {MAX_INTEGER_DIGITS} digits")
+    return int(text)
 
 
 def _reject_constant(name: str) -> None:
@@ -104,45 +180,60 @@ def _reject_constant(name: str) -> None:
 
 
 def _loads(text: str) -> Any:
-    """Strict JSON (no NaN/Infinity, no overflow to inf), or ``_NO_MATCH``."""
+    """Strict JSON whose numbers read back exactly, or ``_NO_MATCH``."""
     try:
-        return json.loads(text, parse_float=_finite_float, parse_constant=_reject_constant)
+        value = json.loads(
+            text,
+            parse_float=_exact_float,
+            parse_int=_bounded_int,
+            parse_constant=_reject_constant,
+        )
     except ValueError:
         return _NO_MATCH
+    return value
+
+
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _as_null(text: str) -> Any:
-    return None if text.lower() == "null" else _NO_MATCH
+    return "null" if text.lower() == "null" else _NO_MATCH
 
 
 def _as_integer(text: str) -> Any:
-    number = _as_number(text)
-    return number if type(number) is int else _NO_MATCH
+    number = _read_number(text)
+    written = None if number is None else _integer_json(number)
+    return _NO_MATCH if written is None else written
 
 
 def _as_number(text: str) -> Any:
-    if _INTEGER.fullmatch(text):
-        return int(text)
-    if not _NUMBER.fullmatch(text):
+    number = _read_number(text)
+    if number is None:
         return _NO_MATCH
+    written = _integer_json(number)
+    if written is not None:
+        return written
     value = float(text)
-    if not math.isfinite(value):
+    if math.isinf(value):
         return _NO_MATCH
-    return int(value) if value.is_integer() else value
+    return _shortest_exact(number, value) or number.spelling
 
 
 def _as_boolean(text: str) -> Any:
-    return {"true": True, "1": True, "false": False, "0": False}.get(text.lower(), _NO_MATCH)
+    return {"true": "true", "1": "true", "false": "false", "0": "false"}.get(
+        text.lower(), _NO_MATCH
+    )
 
 
 def _as_object(text: str) -> Any:
     value = _loads(text)
-    return value if isinstance(value, dict) else _NO_MATCH
+    return _compact_json(value) if isinstance(value, dict) else _NO_MATCH
 
 
 def _as_array(text: str) -> Any:
     value = _loads(text)
-    return value if isinstance(value, list) else _NO_MATCH
+    return _compact_json(value) if isinstance(value, list) else _NO_MATCH
 
 
 _CONVERTERS = {
@@ -182,19 +273,22 @@ def schema_types(schema: Any) -> set[str]:
     return types
 
 
-def convert_value(raw: str, schema: Any) -> Any:
-    """The JSON value for the text between ``<arg_value>`` and ``</arg_value>``.
+def value_json(raw: str, schema: Any) -> str:
+    """The JSON text of the value between ``<arg_value>`` and ``</arg_value>``.
 
     A string parameter (or one without type information) gets the text verbatim,
     so a string parameter's ``null`` is the string "null"; a parameter whose
     schema also admits null gets ``null``. Otherwise the declared types are
     tried in the order null, integer, number, boolean, object, array (the
     surrounding whitespace ignored), then string; when none accepts the text,
-    it is kept as the JSON it spells or else as the string.
+    it is kept as the JSON it spells or else as the string. Numbers are never
+    rounded: an integer is written out exactly, a float only where it reads back
+    as the literal's value, else the literal stays (``docs/tool-calling.md``).
+    Time is linear in the text's length.
     """
     types = schema_types(schema)
     if types <= {"string"}:
-        return raw
+        return _compact_json(raw)
     text = raw.strip()
     for type_name in _TYPE_ORDER:
         if type_name in types:
@@ -202,9 +296,9 @@ def convert_value(raw: str, schema: Any) -> Any:
             if value is not _NO_MATCH:
                 return value
     if "string" in types:
-        return raw
+        return _compact_json(raw)
     value = _loads(text)
-    return raw if value is _NO_MATCH else value
+    return _compact_json(raw if value is _NO_MATCH else value)
 
 
 class _Scanner:
@@ -392,12 +486,10 @@ class _Scanner:
             self._abandon_pair(stray_run=False)
             return
         raw = "".join(self._pieces[self._value_start :])
-        value = convert_value(raw, self._properties.get(key))
+        value = value_json(raw, self._properties.get(key))
         separator = "," if self._call_keys else "{"
         self._call_keys.add(key)
-        self.events.append(
-            (self._calls - 1, None, separator + _compact_json(key) + ":" + _compact_json(value))
-        )
+        self.events.append((self._calls - 1, None, separator + _compact_json(key) + ":" + value))
         self._pieces = []
         self._state = "body"
 
