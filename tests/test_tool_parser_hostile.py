@@ -21,7 +21,9 @@ from tool_parser_support import (
 
 from vllm_spark2_5_plugin.spark2_5_tool_parser import (
     MAX_INTEGER_DIGITS,
+    MAX_JSON_DEPTH,
     Spark25ToolParser,
+    schema_types,
     value_json,
 )
 
@@ -80,6 +82,51 @@ def test_the_longest_integer_is_written_out_exactly(tokenizer, key):
     arguments = typed_arguments(tokenizer, key, f" {digits}\n")
     assert arguments == "{" + compact(key) + ":" + digits + "}"
     assert json.loads(arguments) == {key: int(digits)}  # Python's default limit reads it
+
+
+# --- 2. deep nesting -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["options", "items", "count", "ratio", "maybe_count"])
+@pytest.mark.parametrize(
+    "value",
+    ["[" * 5000, "[" * 5000 + "]" * 5000, '{"a":' * 5000 + "1" + "}" * 5000],
+    ids=["unclosed", "arrays", "objects"],
+)
+def test_json_nested_too_deep_stays_the_text(tokenizer, key, value):
+    """5,000 levels once raised RecursionError, which the JSON fallback did not catch."""
+    assert typed_arguments(tokenizer, key, value) == compact({key: value})
+
+
+@pytest.mark.parametrize(
+    ("key", "open_", "close"), [("items", "[", "]"), ("options", '{"a":', "}")]
+)
+def test_nesting_is_limited_to_max_json_depth_levels(tokenizer, key, open_, close):
+    deepest = open_ * MAX_JSON_DEPTH + "1" + close * MAX_JSON_DEPTH
+    assert typed_arguments(tokenizer, key, deepest) == compact({key: json.loads(deepest)})
+    deeper = open_ + deepest + close
+    assert typed_arguments(tokenizer, key, deeper) == compact({key: deeper})
+    empty = "[" * (MAX_JSON_DEPTH + 1) + "]" * (MAX_JSON_DEPTH + 1)
+    assert value_json(empty, TYPED["items"]) == compact(empty)
+
+
+@pytest.mark.parametrize("key", ["options", "items", "count"])
+def test_json_with_an_unpaired_surrogate_escape_stays_the_text(tokenizer, key):
+    """JSON reads "\\ud800" as a lone surrogate, which no response can encode: the
+    server would fail to send the call. A pair reads as the character it encodes."""
+    for value in ('{"a": "\\ud800"}', '["\\udfff", 1]', '"\\ud83d"'):
+        arguments = typed_arguments(tokenizer, key, value)
+        assert arguments == compact({key: value})
+        arguments.encode("utf-8")
+    assert value_json('{"a": ["\\ud83d\\ude00"]}', TYPED["options"]) == '{"a":["😀"]}'
+
+
+def test_a_deeply_nested_schema_does_not_break_conversion():
+    schema = {"type": "integer"}
+    for _ in range(5000):
+        schema = {"anyOf": [schema, {"type": "null"}]}
+    assert schema_types(schema) == {"integer", "null"}
+    assert value_json(" 5 ", schema) == "5"
 
 
 # --- 3. conversion time is linear in the value's length --------------------------------

@@ -93,9 +93,13 @@ MAX_INTEGER_DIGITS = 4300
 # Writing a number as an integer may append this many zeros, enough for every
 # float (1e308): more would turn a short value into a long one.
 MAX_EXPONENT_ZEROS = 308
+# Objects and arrays nest at most this deep, far inside the recursion limits of
+# the JSON readers and writers that handle the arguments after the parser.
+MAX_JSON_DEPTH = 128
 # An exponent beyond this decides nothing more: the number is far outside every
 # bound above either way.
 _EXPONENT_CLAMP = 10**9
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _NO_MATCH = object()
 _WHITESPACE = re.compile(r"\s")
 
@@ -179,8 +183,31 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
+def _within_limits(value: Any) -> bool:
+    """Whether arrays and objects nest at most ``MAX_JSON_DEPTH`` levels and every
+    string can be encoded: JSON reads an unpaired surrogate escape ("\\ud800") as a
+    code point no response can carry. Walked level by level, not recursively."""
+    level: list[Any] = [value]
+    depth = 0
+    while True:
+        if any(isinstance(item, str) and _SURROGATE.search(item) for item in level):
+            return False
+        containers = [item for item in level if isinstance(item, (dict, list))]
+        if not containers:
+            return True
+        depth += 1
+        if depth > MAX_JSON_DEPTH:
+            return False
+        level = [
+            child
+            for item in containers
+            for child in ([*item, *item.values()] if isinstance(item, dict) else item)
+        ]
+
+
 def _loads(text: str) -> Any:
-    """Strict JSON whose numbers read back exactly, or ``_NO_MATCH``."""
+    """Strict JSON whose numbers read back exactly, within ``_within_limits``, or
+    ``_NO_MATCH``."""
     try:
         value = json.loads(
             text,
@@ -188,9 +215,9 @@ def _loads(text: str) -> Any:
             parse_int=_bounded_int,
             parse_constant=_reject_constant,
         )
-    except ValueError:
+    except (ValueError, RecursionError):
         return _NO_MATCH
-    return value
+    return value if _within_limits(value) else _NO_MATCH
 
 
 def _compact_json(value: Any) -> str:
@@ -249,27 +276,29 @@ _CONVERTERS = {
 def schema_types(schema: Any) -> set[str]:
     """JSON types a parameter schema admits: ``type`` (one or a list),
     ``nullable``, the types of ``enum``/``const`` values, and the same for the
-    branches of ``anyOf``/``oneOf``/``allOf``. Empty when the schema says nothing."""
-    if not isinstance(schema, dict):
-        return set()
-    declared = schema.get("type")
-    if isinstance(declared, str):
-        types = {declared}
-    elif isinstance(declared, list):
-        types = {name for name in declared if isinstance(name, str)}
-    else:
-        types = set()
-    if schema.get("nullable") is True:
-        types.add("null")
-    enum = schema.get("enum")
-    values = list(enum) if isinstance(enum, list) else []
-    if "const" in schema:
-        values.append(schema["const"])
-    types.update(_JSON_TYPE_NAMES.get(type(value), "string") for value in values)
-    for keyword in ("anyOf", "oneOf", "allOf"):
-        branches = schema.get(keyword)
-        for branch in branches if isinstance(branches, list) else ():
-            types |= schema_types(branch)
+    branches of ``anyOf``/``oneOf``/``allOf``, however deep (read without
+    recursion). Empty when the schema says nothing."""
+    types: set[str] = set()
+    pending = [schema]
+    while pending:
+        schema = pending.pop()
+        if not isinstance(schema, dict):
+            continue
+        declared = schema.get("type")
+        if isinstance(declared, str):
+            types.add(declared)
+        elif isinstance(declared, list):
+            types.update(name for name in declared if isinstance(name, str))
+        if schema.get("nullable") is True:
+            types.add("null")
+        enum = schema.get("enum")
+        values = list(enum) if isinstance(enum, list) else []
+        if "const" in schema:
+            values.append(schema["const"])
+        types.update(_JSON_TYPE_NAMES.get(type(value), "string") for value in values)
+        for keyword in ("anyOf", "oneOf", "allOf"):
+            branches = schema.get(keyword)
+            pending.extend(branches if isinstance(branches, list) else ())
     return types
 
 
