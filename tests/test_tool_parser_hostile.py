@@ -10,6 +10,7 @@ import json
 
 import pytest
 from tool_parser_support import (
+    TOOLS,
     TYPED_TOOL,
     Parsed,
     chat_request,
@@ -19,7 +20,9 @@ from tool_parser_support import (
     stream_tool_parser,
 )
 
+from vllm_spark2_5_plugin import compat
 from vllm_spark2_5_plugin.spark2_5_tool_parser import (
+    MAX_IDENTIFIER_CHARS,
     MAX_INTEGER_DIGITS,
     MAX_JSON_DEPTH,
     Spark25ToolParser,
@@ -212,3 +215,42 @@ def test_exact_numbers_end_to_end(tokenizer):
     assert parsed.calls == [
         ("typed", '{"count":100000000000000000000000,"ratio":9007199254740993.5,"maybe_count":2}')
     ]
+
+
+# --- 5. long tool names: streamed as not streamed ---------------------------------------
+
+
+def tool_named(name: str) -> dict:
+    parameters = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+@pytest.mark.parametrize("length", [MAX_IDENTIFIER_CHARS, MAX_IDENTIFIER_CHARS + 1, 3000])
+@pytest.mark.parametrize("newline", [False, True], ids=["compact", "newline"])
+def test_a_declared_tool_with_a_long_name_is_a_call_streamed_or_not(tokenizer, length, newline):
+    """A 257-character tool name once gave a call without streaming and content when
+    streamed one character at a time (the newline form)."""
+    name = ("get_" + "long_" * length)[:length]
+    request = chat_request(tools=[*TOOLS, tool_named(name)])
+    text = call_text(name, [("n", "5")], newline)
+    assert parse_both_ways(tokenizer, text, request) == Parsed(None, [(name, '{"n":5}')])
+
+
+@pytest.mark.parametrize("newline", [False, True], ids=["compact", "newline"])
+def test_a_name_longer_than_every_declared_name_is_content_either_way(tokenizer, newline):
+    declared = "t" * 400
+    request = chat_request(tools=[*TOOLS, tool_named(declared)])
+    for name in (declared + "t", "x" * (MAX_IDENTIFIER_CHARS + 1)):
+        text = call_text(name, [("n", "5")], newline) + " after"
+        assert parse_both_ways(tokenizer, text, request) == Parsed(text)
+
+
+def test_function_tool_names_with_and_without_vllms_helper(monkeypatch):
+    import vllm.tool_parsers.utils as utils
+
+    request = chat_request(tools=[*TOOLS, tool_named("x" * 300)])
+    names = ["get_weather", "typed", "x" * 300]
+    assert compat.function_tool_names(request.tools) == names
+    assert compat.function_tool_names(None) == []
+    monkeypatch.delattr(utils, "get_function_tools")
+    assert compat.function_tool_names(request.tools) == names

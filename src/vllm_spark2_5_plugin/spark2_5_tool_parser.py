@@ -64,6 +64,7 @@ _LONGEST_TAG = max(map(len, _TAGS))
 _TAG_PREFIXES = frozenset(tag[:end] for tag in _TAGS for end in range(1, len(tag)))
 # A name or key longer than this is prose after a stray tag, not an identifier:
 # release it as content instead of holding the stream back until the next tag.
+# A declared tool's longer name raises the limit for names to its length.
 MAX_IDENTIFIER_CHARS = 256
 
 # GLM-4.7's structural tag writes <tool_call>NAME<arg_key>K</arg_key><arg_value>V
@@ -343,6 +344,9 @@ class _Scanner:
         self.content: list[str] = []
         self.events: list[tuple[int, str | None, str]] = []
         self._tools = tools
+        # The longest name that may be a call. Streaming must give up on a name at
+        # some length; refusing longer names everywhere makes both paths agree.
+        self._name_limit = max([MAX_IDENTIFIER_CHARS, *map(len, compat.function_tool_names(tools))])
         self._held = ""  # a tail that may be the start of a tag
         self._state = "content"
         # Raw pieces of the element being read: a block's "<tool_call>" and name, a
@@ -433,7 +437,7 @@ class _Scanner:
         if end is None:
             self._pieces.append(text)
             self._identifier_chars += len(text) - start
-            if self._identifier_chars > MAX_IDENTIFIER_CHARS:
+            if self._identifier_chars > self._name_limit:
                 self._reject_block()
             return
         self._pieces.append(text[: end.start()])
@@ -496,7 +500,8 @@ class _Scanner:
         self._state = "content"
 
     def _open_call(self, name: str) -> bool:
-        if not name or not compat.find_tool_name(self._tools, name):
+        too_long = len(name) > self._name_limit
+        if not name or too_long or not compat.find_tool_name(self._tools, name):
             return False
         self.events.append((self._calls, name, ""))
         self._calls += 1
