@@ -7,8 +7,11 @@ however the output is cut."""
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tool_parser_support import (
     TOOLS,
     TYPED_TOOL,
@@ -254,3 +257,196 @@ def test_function_tool_names_with_and_without_vllms_helper(monkeypatch):
     assert compat.function_tool_names(None) == []
     monkeypatch.delattr(utils, "get_function_tools")
     assert compat.function_tool_names(request.tools) == names
+
+
+# --- properties over hostile values ------------------------------------------------------
+
+
+def hostile_settings(max_examples: int) -> settings:
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+
+
+runs = st.builds(
+    lambda digit, length: digit * length,
+    st.sampled_from("0159"),
+    st.one_of(
+        st.integers(0, 40),
+        st.integers(MAX_INTEGER_DIGITS - 3, MAX_INTEGER_DIGITS + 3),
+        st.integers(0, 20_000),
+    ),
+)
+digits = st.one_of(st.text("0123456789", max_size=30), runs)
+exponents = st.one_of(
+    st.just(""),
+    st.builds(
+        lambda marker, sign, value: marker + sign + value,
+        st.sampled_from("eE"),
+        st.sampled_from(["", "+", "-"]),
+        st.one_of(
+            st.integers(0, 400).map(str),
+            st.integers(0, 10**17).map(str),
+            st.sampled_from(["0", "00023", "308", "309", "324", "325"]),
+        ),
+    ),
+)
+literals = st.builds(
+    lambda sign, whole, point, fraction, exponent: sign + whole + point + fraction + exponent,
+    st.sampled_from(["", "-", "+"]),
+    digits,
+    st.sampled_from(["", ".", "."]),
+    st.one_of(st.just(""), digits),
+    exponents,
+)
+exotic = st.sampled_from(
+    [
+        "-0",
+        "+0",
+        "-0.0",
+        "0e0",
+        "1e23",
+        "9007199254740993",
+        "9007199254740993.0",
+        "1e400",
+        "1e-400",
+        "-1e308",
+        "NaN",
+        "nan",
+        "-Infinity",
+        "Infinity",
+        "inf",
+        "٣",
+        "１２",
+        "٣.٥",
+        "1_000",
+        "0x1F",
+        "1 000",
+        "--1",
+        "+-1",
+        "1e",
+        "e5",
+        ".",
+        "-",
+        "",
+        "true",
+        "null",
+    ]
+)
+deep_json = st.builds(
+    lambda brackets, depth, closed: (
+        brackets[0] * depth + "1" + (brackets[1] * depth if closed else "")
+    ),
+    st.sampled_from([("[", "]"), ('{"a":', "}"), ('[{"a":', "}]")]),
+    st.one_of(st.integers(0, 2 * MAX_JSON_DEPTH), st.integers(0, 6000)),
+    st.booleans(),
+)
+json_texts = st.sampled_from(
+    [
+        '{"x": 1.5, "n": [1, -0, 2e3]}',
+        '{"x": 0.1000000000000000000001}',
+        "[1e400]",
+        "[1e-400]",
+        '{"a": NaN}',
+        "[1, 2,]",
+        '{"a": "\\ud800"}',
+        "[]",
+    ]
+)
+# Markup inside values is the streaming tests' subject; here values are plain.
+prose = st.text(st.characters(blacklist_characters="<"), max_size=20)
+spaces = st.sampled_from(["", " ", "\n", " \t\r\n", "\u00a0", "\u3000"])
+values = st.builds(
+    lambda before, value, after: before + value + after,
+    spaces,
+    st.one_of(literals, exotic, deep_json, json_texts, prose),
+    spaces,
+)
+TYPED_KEYS = ["count", "ratio", "maybe_count", "either", "choice", "options", "items", "text"]
+
+
+def check_exact(raw: str, value) -> None:
+    """The argument is what the model wrote: the text itself, or exactly the value it
+    spells (a number equal to its literal in decimal arithmetic, JSON equal to the
+    JSON read with decimal numbers, a boolean or null as spelled)."""
+    if value == raw and isinstance(value, str):
+        return
+    text = raw.strip()
+    if isinstance(value, bool):
+        assert text.lower() in ({"true", "1"} if value else {"false", "0"}), raw
+    elif value is None:
+        assert text.lower() == "null", raw
+    elif isinstance(value, Decimal):
+        assert value == Decimal(text), raw
+    else:
+        assert value == json.loads(text, parse_float=Decimal, parse_int=Decimal), raw
+
+
+def refuse_constant(name: str) -> None:
+    raise AssertionError(f"{name} in the arguments is not JSON")
+
+
+def check_arguments(arguments: str, pairs: list[tuple[str, str]]) -> None:
+    """Valid JSON that Python's ``json.loads`` reads as it is (no NaN/Infinity, no
+    integer beyond its limit, nesting within its recursion limit) and the server can
+    send (UTF-8), every value exact."""
+    arguments.encode("utf-8")
+    assert isinstance(json.loads(arguments, parse_constant=refuse_constant), dict)
+    decoded = json.loads(arguments, parse_float=Decimal, parse_int=Decimal)
+    assert list(decoded) == [key for key, _ in pairs]
+    for key, raw in pairs:
+        check_exact(raw, decoded[key])
+
+
+@hostile_settings(1000)
+@given(st.sampled_from(TYPED_KEYS), values)
+def test_any_value_converts_to_exact_json(key, raw):
+    arguments = "{" + compact(key) + ":" + value_json(raw, TYPED[key]) + "}"
+    check_arguments(arguments, [(key, raw)])
+
+
+name_stems = st.text(st.sampled_from("abcxyz_-.09名"), min_size=1, max_size=30)
+tool_names = st.one_of(
+    name_stems,
+    st.builds(
+        lambda stem, length: (stem * length)[:length],
+        name_stems,
+        st.integers(MAX_IDENTIFIER_CHARS - 8, 5 * MAX_IDENTIFIER_CHARS),
+    ),
+)
+
+
+@st.composite
+def hostile_outputs(draw):
+    """Calls to a declared tool (one with a long name among them), to names a character
+    longer or shorter than it, with hostile values, in either form, among prose."""
+    long_name = draw(tool_names)
+    names = ["typed", long_name, long_name + "x", long_name[:-1] or "y"]
+    parts, calls = [], []
+    for _ in range(draw(st.integers(1, 3))):
+        parts.append(draw(st.sampled_from(["", "Sure. ", "x < y\n", "名前 "])))
+        name = draw(st.sampled_from(names))
+        keys = draw(st.lists(st.sampled_from(TYPED_KEYS), unique=True, max_size=3))
+        pairs = [(key, draw(values)) for key in keys]
+        parts.append(call_text(name, pairs, newline=draw(st.booleans())))
+        if name in ("typed", long_name):
+            calls.append((name, pairs))
+    text = "".join(parts)
+    # None: one character per delta.
+    cuts = None if draw(st.booleans()) else draw(st.lists(st.integers(0, len(text)), max_size=40))
+    return long_name, text, cuts, calls
+
+
+@hostile_settings(300)
+@given(hostile_outputs())
+def test_hostile_output_streams_as_it_parses_and_keeps_every_value_exact(tokenizer, long_output):
+    long_name, text, cuts, calls = long_output
+    long_tool = tool_named(long_name)
+    long_tool["function"]["parameters"] = TYPED_TOOL["function"]["parameters"]
+    request = chat_request(tools=[*TOOLS, long_tool])
+    parsed = parse_both_ways(tokenizer, text, request, cuts)
+    assert [name for name, _ in parsed.calls] == [name for name, _ in calls]
+    for (_, arguments), (_, pairs) in zip(parsed.calls, calls, strict=True):
+        check_arguments(arguments, pairs)
