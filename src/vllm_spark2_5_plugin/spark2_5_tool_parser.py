@@ -24,7 +24,13 @@ What becomes of unusual output (``docs/tool-calling.md`` has it for users):
 * Nothing is a call when the request declares no tools or ``tool_choice`` is
   ``"none"``; the output is content, verbatim.
 * A name ends at whitespace or at the next tag. A block whose name is empty or
-  not a declared tool is returned verbatim as content.
+  not a declared tool is returned verbatim as content. A name longer than 256
+  characters and than every declared name is refused as soon as it is, so the
+  stream releases it without holding it to the next tag, and both paths agree.
+* Values are converted by the declared type and never rounded; what cannot be
+  carried exactly (a float would round it, an integer of more than 4,300
+  digits, JSON nested deeper than 128 levels) stays the text the model wrote.
+  Conversion takes time linear in the value's length.
 * Markup that does not form a complete key/value pair inside a call (an
   unterminated pair, a key that repeats, stray text between tags) is returned
   as content, and the call keeps its complete pairs. A call that is never
