@@ -173,9 +173,12 @@ def _shortest_exact(number: _Number, value: float) -> str | None:
 
 
 def _exact_float(text: str) -> float:
-    """``parse_float`` for JSON values: a float only where it is exact."""
+    """``parse_float`` for JSON values: a float only where it is exact. Most floats
+    are written as Python writes them, which is checked first because it is cheap."""
     value = float(text)
-    if not math.isfinite(value) or _shortest_exact(_read_number(text), value) is None:
+    if repr(value) != text and (
+        not math.isfinite(value) or _shortest_exact(_read_number(text), value) is None
+    ):
         raise ValueError(f"{text} is not exactly a float")
     return value
 
@@ -190,31 +193,26 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def _within_limits(value: Any) -> bool:
-    """Whether arrays and objects nest at most ``MAX_JSON_DEPTH`` levels and every
-    string can be encoded: JSON reads an unpaired surrogate escape ("\\ud800") as a
-    code point no response can carry. Walked level by level, not recursively."""
-    level: list[Any] = [value]
-    depth = 0
-    while True:
-        if any(isinstance(item, str) and _SURROGATE.search(item) for item in level):
-            return False
-        containers = [item for item in level if isinstance(item, (dict, list))]
-        if not containers:
-            return True
-        depth += 1
-        if depth > MAX_JSON_DEPTH:
+def _nests_deeper_than(value: Any, depth: int) -> bool:
+    """Whether arrays and objects nest more than ``depth`` levels, counted level by
+    level: recursion is what the limit guards against."""
+    level = [value]
+    for _ in range(depth + 1):
+        level = [item for item in level if isinstance(item, (dict, list))]
+        if not level:
             return False
         level = [
-            child
-            for item in containers
-            for child in ([*item, *item.values()] if isinstance(item, dict) else item)
+            child for item in level for child in (item.values() if isinstance(item, dict) else item)
         ]
+    return True
 
 
-def _loads(text: str) -> Any:
-    """Strict JSON whose numbers read back exactly, within ``_within_limits``, or
-    ``_NO_MATCH``."""
+def _json_text(text: str, kinds: type | tuple[type, ...] = object) -> Any:
+    """The compact JSON of ``text`` if it is strict JSON for a value of ``kinds``, else
+    ``_NO_MATCH``: not JSON, NaN or Infinity, a float that would round, an integer of
+    more than ``MAX_INTEGER_DIGITS`` digits, nesting deeper than ``MAX_JSON_DEPTH``,
+    or an unpaired surrogate escape ("\\ud800"), which JSON reads as a code point no
+    response can encode."""
     try:
         value = json.loads(
             text,
@@ -224,7 +222,10 @@ def _loads(text: str) -> Any:
         )
     except (ValueError, RecursionError):
         return _NO_MATCH
-    return value if _within_limits(value) else _NO_MATCH
+    if not isinstance(value, kinds) or _nests_deeper_than(value, MAX_JSON_DEPTH):
+        return _NO_MATCH
+    written = _compact_json(value)
+    return _NO_MATCH if _SURROGATE.search(written) else written
 
 
 def _compact_json(value: Any) -> str:
@@ -261,13 +262,11 @@ def _as_boolean(text: str) -> Any:
 
 
 def _as_object(text: str) -> Any:
-    value = _loads(text)
-    return _compact_json(value) if isinstance(value, dict) else _NO_MATCH
+    return _json_text(text, dict)
 
 
 def _as_array(text: str) -> Any:
-    value = _loads(text)
-    return _compact_json(value) if isinstance(value, list) else _NO_MATCH
+    return _json_text(text, list)
 
 
 _CONVERTERS = {
@@ -333,8 +332,8 @@ def value_json(raw: str, schema: Any) -> str:
                 return value
     if "string" in types:
         return _compact_json(raw)
-    value = _loads(text)
-    return _compact_json(raw if value is _NO_MATCH else value)
+    written = _json_text(text)
+    return _compact_json(raw) if written is _NO_MATCH else written
 
 
 class _Scanner:
