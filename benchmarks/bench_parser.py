@@ -15,11 +15,12 @@ multiple (1.00 is exactly linear growth). Every run is checked: the streamed cal
 must be the ones the generator wrote.
 
 Then ``spark25``'s cost per character of one argument value as the value grows
-from 1,000 to 64,000 characters: converting hostile values by schema type (a digit
-run, digits ending in a letter, a long fraction or exponent, flat and endlessly
-nested JSON) and streaming a whole call with such a value one character per
-delta. Each size's time per character is also divided by the 1,000-character
-one: 1.00 is the same cost per character at every size, i.e. linear time.
+from 1,000 to 64,000 characters: converting hostile values by schema type (a
+digit run, digits ending in a letter, a long fraction or exponent, JSON arrays
+of integers and of floats, endlessly nested JSON) and streaming a whole call
+with such a value one character per delta. Each size's time per character is
+also divided by the 1,000-character one: 1.00 is the same cost per character
+at every size, i.e. linear time.
 
 Times are CPU seconds of this process
 (``time.process_time``, so other jobs on a shared machine distort them less than
@@ -185,7 +186,12 @@ VALUE_KINDS: dict[str, tuple[dict, Callable[[int], str]]] = {
     "integer: digits, then a letter": ({"type": "integer"}, lambda size: "1" * (size - 1) + "x"),
     "number: a long fraction": ({"type": "number"}, lambda size: "0." + "1" * (size - 2)),
     "number: a long exponent": ({"type": "number"}, lambda size: "1e-" + "9" * (size - 3)),
-    "array: flat JSON": ({"type": "array"}, lambda size: "[" + "1," * (size // 2 - 1) + "1]"),
+    "array: JSON integers": ({"type": "array"}, lambda size: "[" + "1," * (size // 2 - 1) + "1]"),
+    # 1.50 is not how Python writes 1.5: each float takes the exact comparison.
+    "array: JSON floats": (
+        {"type": "array"},
+        lambda size: "[" + "1.50," * (size // 5 - 1) + "1.5]",
+    ),
     "array: unclosed nesting": ({"type": "array"}, lambda size: "[" * size),
 }
 VALUE_SIZES = (1_000, 4_000, 16_000, 64_000)
