@@ -24,9 +24,9 @@ What becomes of unusual output (``docs/tool-calling.md`` has it for users):
 * Nothing is a call when the request declares no tools or ``tool_choice`` is
   ``"none"``; the output is content, verbatim.
 * A name ends at whitespace or at the next tag. A block whose name is empty or
-  not a declared tool is returned verbatim as content. A name longer than 256
-  characters and than every declared name is refused as soon as it is, so the
-  stream releases it without holding it to the next tag, and both paths agree.
+  not a declared tool is returned verbatim as content. A name longer than both
+  256 characters and every declared name is refused the moment it grows that
+  long, by both paths alike, so a stream need not hold it to the next tag.
 * Values are converted by the declared type and never rounded; what cannot be
   carried exactly (a float would round it, an integer of more than 4,300
   digits, JSON nested deeper than 128 levels) stays the text the model wrote.
@@ -121,6 +121,7 @@ class _Number(NamedTuple):
 
 
 def _read_number(text: str) -> _Number | None:
+    """The number ``text`` spells (see ``_NUMBER``), or None."""
     match = _NUMBER.fullmatch(text)
     if match is None or not (match[2] or match[3]):
         return None
