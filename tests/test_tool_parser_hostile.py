@@ -356,7 +356,8 @@ json_texts = st.sampled_from(
     ]
 )
 # Markup inside values is the streaming tests' subject; here values are plain.
-prose = st.text(st.characters(blacklist_characters="<"), max_size=20)
+# Model text is decoded from bytes, so it never holds a surrogate code point.
+prose = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="<"), max_size=20)
 spaces = st.sampled_from(["", " ", "\n", " \t\r\n", "\u00a0", "\u3000"])
 values = st.builds(
     lambda before, value, after: before + value + after,
