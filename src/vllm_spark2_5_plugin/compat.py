@@ -296,6 +296,22 @@ def find_tool_name(tools: Sequence[Any] | None, name: str) -> bool:
     return any(tool_name == name for tool_name, _ in _function_tools(tools))
 
 
+def function_tool_names(tools: Sequence[Any] | None) -> list[str]:
+    """The names of the function tools in a request's ``tools``, as
+    :func:`find_tool_name` knows them.
+
+    Uses ``vllm.tool_parsers.utils.get_function_tools`` where it exists (it
+    flattens Responses-API namespace tools to ``namespace__name`` and turns
+    custom tools into functions); elsewhere the plain function tools.
+    """
+    if not tools:
+        return []
+    host_list = getattr(_tool_parser_utils(), "get_function_tools", None)
+    if host_list is not None:
+        return [getattr(tool, "function", tool).name for tool in host_list(tools)]
+    return [name for name, _ in _function_tools(tools)]
+
+
 def find_tool_properties(tools: Sequence[Any] | None, name: str) -> dict[str, Any]:
     """The ``properties`` of function tool ``name``'s parameter schema, ``{}`` if none.
 

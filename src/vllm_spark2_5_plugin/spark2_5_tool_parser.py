@@ -24,7 +24,13 @@ What becomes of unusual output (``docs/tool-calling.md`` has it for users):
 * Nothing is a call when the request declares no tools or ``tool_choice`` is
   ``"none"``; the output is content, verbatim.
 * A name ends at whitespace or at the next tag. A block whose name is empty or
-  not a declared tool is returned verbatim as content.
+  not a declared tool is returned verbatim as content. A name longer than both
+  256 characters and every declared name is refused the moment it grows that
+  long, by both paths alike, so a stream need not hold it to the next tag.
+* Values are converted by the declared type and never rounded; what cannot be
+  carried exactly (a float would round it, an integer of more than 4,300
+  digits, JSON nested deeper than 128 levels) stays the text the model wrote.
+  Conversion takes time linear in the value's length.
 * Markup that does not form a complete key/value pair inside a call (an
   unterminated pair, a key that repeats, stray text between tags) is returned
   as content, and the call keeps its complete pairs. A call that is never
@@ -37,7 +43,7 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from vllm_spark2_5_plugin import compat
 
@@ -64,6 +70,7 @@ _LONGEST_TAG = max(map(len, _TAGS))
 _TAG_PREFIXES = frozenset(tag[:end] for tag in _TAGS for end in range(1, len(tag)))
 # A name or key longer than this is prose after a stray tag, not an identifier:
 # release it as content instead of holding the stream back until the next tag.
+# A declared tool's longer name raises the limit for names to its length.
 MAX_IDENTIFIER_CHARS = 256
 
 # GLM-4.7's structural tag writes <tool_call>NAME<arg_key>K</arg_key><arg_value>V
@@ -82,67 +89,185 @@ _JSON_TYPE_NAMES = {
     list: "array",
     dict: "object",
 }
-_INTEGER = re.compile(r"[-+]?\d+")
-_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+# A number as models write it: a sign, ASCII digits with at most one ".", an
+# exponent. Each part ends at a character it cannot contain, so a failed match
+# backtracks in time linear in the text's length, not quadratic.
+_NUMBER = re.compile(r"([-+]?)([0-9]*)(?:\.([0-9]*))?([eE][-+]?[0-9]+)?")
+# Python reads integers of at most this many digits (its default int-string
+# limit): longer ones in the arguments would break json.loads in clients, and in
+# vLLM itself when the call comes back in the conversation.
+MAX_INTEGER_DIGITS = 4300
+# Writing a number as an integer may append this many zeros, enough for every
+# float (1e308): more would turn a short value into a long one.
+MAX_EXPONENT_ZEROS = 308
+# Objects and arrays nest at most this deep, far inside the recursion limits of
+# the JSON readers and writers that handle the arguments after the parser.
+MAX_JSON_DEPTH = 128
+# An exponent beyond this decides nothing more: the number is far outside every
+# bound above either way.
+_EXPONENT_CLAMP = 10**9
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _NO_MATCH = object()
 _WHITESPACE = re.compile(r"\s")
 
 
-def _compact_json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+class _Number(NamedTuple):
+    """A number literal: its JSON spelling, and its exact value ±``digits`` × 10**``scale``."""
+
+    spelling: str
+    negative: bool
+    digits: str  # no leading zeros; empty for zero
+    scale: int
 
 
-def _finite_float(text: str) -> float:
+def _read_number(text: str) -> _Number | None:
+    """The number ``text`` spells (see ``_NUMBER``), or None."""
+    match = _NUMBER.fullmatch(text)
+    if match is None or not (match[2] or match[3]):
+        return None
+    sign, whole, fraction, exponent = match.groups(default="")
+    magnitude = exponent[1:].lstrip("+-").lstrip("0") or "0"
+    exponent_value = min(int(magnitude[:10]), _EXPONENT_CLAMP)
+    if exponent[1:2] == "-":
+        exponent_value = -exponent_value
+    digits = (whole + fraction).lstrip("0")
+    spelling = (
+        ("-" if sign == "-" else "")
+        + (whole.lstrip("0") or "0")
+        + ("." + fraction if fraction else "")
+        + exponent
+    )
+    return _Number(spelling, sign == "-" and bool(digits), digits, exponent_value - len(fraction))
+
+
+def _exact_value(number: _Number) -> tuple[bool, str, int]:
+    """The number's value in one canonical form, for exact comparison."""
+    significant = number.digits.rstrip("0")
+    if not significant:
+        return (False, "", 0)
+    return (number.negative, significant, number.scale + len(number.digits) - len(significant))
+
+
+def _integer_json(number: _Number) -> str | None:
+    """The number written out as a JSON integer, or None when it has a fraction or
+    would take more zeros or digits than allowed."""
+    if not number.digits:
+        return "0"
+    if number.scale > MAX_EXPONENT_ZEROS:
+        return None
+    if number.scale >= 0:
+        written = number.digits + "0" * number.scale
+    elif number.digits[number.scale :].strip("0"):
+        return None  # a fraction remains
+    else:
+        written = number.digits[: number.scale]
+    if len(written) > MAX_INTEGER_DIGITS:
+        return None
+    return "-" + written if number.negative else written
+
+
+def _shortest_exact(number: _Number, value: float) -> str | None:
+    """``repr`` of ``value`` (the finite ``float`` of the number's text) if it reads
+    back as exactly the value the model wrote, else None."""
+    shortest = repr(value)
+    return shortest if _exact_value(_read_number(shortest)) == _exact_value(number) else None
+
+
+def _exact_float(text: str) -> float:
+    """``parse_float`` for JSON values: a float only where it is exact. Most floats
+    are written as Python writes them, which is checked first because it is cheap."""
     value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is not a finite JSON number")
+    if repr(value) != text and (
+        not math.isfinite(value) or _shortest_exact(_read_number(text), value) is None
+    ):
+        raise ValueError(f"{text} is not exactly a float")
     return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INTEGER_DIGITS:
+        raise ValueError(f"an integer of more than {MAX_INTEGER_DIGITS} digits")
+    return int(text)
 
 
 def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def _loads(text: str) -> Any:
-    """Strict JSON (no NaN/Infinity, no overflow to inf), or ``_NO_MATCH``."""
+def _nests_deeper_than(value: Any, depth: int) -> bool:
+    """Whether arrays and objects nest more than ``depth`` levels, counted level by
+    level: recursion is what the limit guards against."""
+    level = [value]
+    for _ in range(depth + 1):
+        level = [item for item in level if isinstance(item, (dict, list))]
+        if not level:
+            return False
+        level = [
+            child for item in level for child in (item.values() if isinstance(item, dict) else item)
+        ]
+    return True
+
+
+def _json_text(text: str, kinds: type | tuple[type, ...] = object) -> Any:
+    """The compact JSON of ``text`` if it is strict JSON for a value of ``kinds``, else
+    ``_NO_MATCH``: not JSON, NaN or Infinity, a float that would round, an integer of
+    more than ``MAX_INTEGER_DIGITS`` digits, nesting deeper than ``MAX_JSON_DEPTH``,
+    or an unpaired surrogate escape ("\\ud800"), which JSON reads as a code point no
+    response can encode."""
     try:
-        return json.loads(text, parse_float=_finite_float, parse_constant=_reject_constant)
-    except ValueError:
+        value = json.loads(
+            text,
+            parse_float=_exact_float,
+            parse_int=_bounded_int,
+            parse_constant=_reject_constant,
+        )
+    except (ValueError, RecursionError):
         return _NO_MATCH
+    if not isinstance(value, kinds) or _nests_deeper_than(value, MAX_JSON_DEPTH):
+        return _NO_MATCH
+    written = _compact_json(value)
+    return _NO_MATCH if _SURROGATE.search(written) else written
+
+
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _as_null(text: str) -> Any:
-    return None if text.lower() == "null" else _NO_MATCH
+    return "null" if text.lower() == "null" else _NO_MATCH
 
 
 def _as_integer(text: str) -> Any:
-    number = _as_number(text)
-    return number if type(number) is int else _NO_MATCH
+    number = _read_number(text)
+    written = None if number is None else _integer_json(number)
+    return _NO_MATCH if written is None else written
 
 
 def _as_number(text: str) -> Any:
-    if _INTEGER.fullmatch(text):
-        return int(text)
-    if not _NUMBER.fullmatch(text):
+    number = _read_number(text)
+    if number is None:
         return _NO_MATCH
+    written = _integer_json(number)
+    if written is not None:
+        return written
     value = float(text)
-    if not math.isfinite(value):
+    if math.isinf(value):
         return _NO_MATCH
-    return int(value) if value.is_integer() else value
+    return _shortest_exact(number, value) or number.spelling
 
 
 def _as_boolean(text: str) -> Any:
-    return {"true": True, "1": True, "false": False, "0": False}.get(text.lower(), _NO_MATCH)
+    return {"true": "true", "1": "true", "false": "false", "0": "false"}.get(
+        text.lower(), _NO_MATCH
+    )
 
 
 def _as_object(text: str) -> Any:
-    value = _loads(text)
-    return value if isinstance(value, dict) else _NO_MATCH
+    return _json_text(text, dict)
 
 
 def _as_array(text: str) -> Any:
-    value = _loads(text)
-    return value if isinstance(value, list) else _NO_MATCH
+    return _json_text(text, list)
 
 
 _CONVERTERS = {
@@ -158,43 +283,48 @@ _CONVERTERS = {
 def schema_types(schema: Any) -> set[str]:
     """JSON types a parameter schema admits: ``type`` (one or a list),
     ``nullable``, the types of ``enum``/``const`` values, and the same for the
-    branches of ``anyOf``/``oneOf``/``allOf``. Empty when the schema says nothing."""
-    if not isinstance(schema, dict):
-        return set()
-    declared = schema.get("type")
-    if isinstance(declared, str):
-        types = {declared}
-    elif isinstance(declared, list):
-        types = {name for name in declared if isinstance(name, str)}
-    else:
-        types = set()
-    if schema.get("nullable") is True:
-        types.add("null")
-    enum = schema.get("enum")
-    values = list(enum) if isinstance(enum, list) else []
-    if "const" in schema:
-        values.append(schema["const"])
-    types.update(_JSON_TYPE_NAMES.get(type(value), "string") for value in values)
-    for keyword in ("anyOf", "oneOf", "allOf"):
-        branches = schema.get(keyword)
-        for branch in branches if isinstance(branches, list) else ():
-            types |= schema_types(branch)
+    branches of ``anyOf``/``oneOf``/``allOf``, however deep (read without
+    recursion). Empty when the schema says nothing."""
+    types: set[str] = set()
+    pending = [schema]
+    while pending:
+        schema = pending.pop()
+        if not isinstance(schema, dict):
+            continue
+        declared = schema.get("type")
+        if isinstance(declared, str):
+            types.add(declared)
+        elif isinstance(declared, list):
+            types.update(name for name in declared if isinstance(name, str))
+        if schema.get("nullable") is True:
+            types.add("null")
+        enum = schema.get("enum")
+        values = list(enum) if isinstance(enum, list) else []
+        if "const" in schema:
+            values.append(schema["const"])
+        types.update(_JSON_TYPE_NAMES.get(type(value), "string") for value in values)
+        for keyword in ("anyOf", "oneOf", "allOf"):
+            branches = schema.get(keyword)
+            pending.extend(branches if isinstance(branches, list) else ())
     return types
 
 
-def convert_value(raw: str, schema: Any) -> Any:
-    """The JSON value for the text between ``<arg_value>`` and ``</arg_value>``.
+def value_json(raw: str, schema: Any) -> str:
+    """The JSON text of the value between ``<arg_value>`` and ``</arg_value>``.
 
     A string parameter (or one without type information) gets the text verbatim,
     so a string parameter's ``null`` is the string "null"; a parameter whose
     schema also admits null gets ``null``. Otherwise the declared types are
     tried in the order null, integer, number, boolean, object, array (the
     surrounding whitespace ignored), then string; when none accepts the text,
-    it is kept as the JSON it spells or else as the string.
+    it is kept as the JSON it spells or else as the string. Numbers are never
+    rounded: an integer is written out exactly, a float only where it reads back
+    as the literal's value, else the literal stays (``docs/tool-calling.md``).
+    Time is linear in the text's length.
     """
     types = schema_types(schema)
     if types <= {"string"}:
-        return raw
+        return _compact_json(raw)
     text = raw.strip()
     for type_name in _TYPE_ORDER:
         if type_name in types:
@@ -202,9 +332,9 @@ def convert_value(raw: str, schema: Any) -> Any:
             if value is not _NO_MATCH:
                 return value
     if "string" in types:
-        return raw
-    value = _loads(text)
-    return raw if value is _NO_MATCH else value
+        return _compact_json(raw)
+    written = _json_text(text)
+    return _compact_json(raw) if written is _NO_MATCH else written
 
 
 class _Scanner:
@@ -220,6 +350,9 @@ class _Scanner:
         self.content: list[str] = []
         self.events: list[tuple[int, str | None, str]] = []
         self._tools = tools
+        # The longest name that may be a call. Streaming must give up on a name at
+        # some length; refusing longer names everywhere makes both paths agree.
+        self._name_limit = max([MAX_IDENTIFIER_CHARS, *map(len, compat.function_tool_names(tools))])
         self._held = ""  # a tail that may be the start of a tag
         self._state = "content"
         # Raw pieces of the element being read: a block's "<tool_call>" and name, a
@@ -310,7 +443,7 @@ class _Scanner:
         if end is None:
             self._pieces.append(text)
             self._identifier_chars += len(text) - start
-            if self._identifier_chars > MAX_IDENTIFIER_CHARS:
+            if self._identifier_chars > self._name_limit:
                 self._reject_block()
             return
         self._pieces.append(text[: end.start()])
@@ -373,7 +506,8 @@ class _Scanner:
         self._state = "content"
 
     def _open_call(self, name: str) -> bool:
-        if not name or not compat.find_tool_name(self._tools, name):
+        too_long = len(name) > self._name_limit
+        if not name or too_long or not compat.find_tool_name(self._tools, name):
             return False
         self.events.append((self._calls, name, ""))
         self._calls += 1
@@ -392,12 +526,10 @@ class _Scanner:
             self._abandon_pair(stray_run=False)
             return
         raw = "".join(self._pieces[self._value_start :])
-        value = convert_value(raw, self._properties.get(key))
+        value = value_json(raw, self._properties.get(key))
         separator = "," if self._call_keys else "{"
         self._call_keys.add(key)
-        self.events.append(
-            (self._calls - 1, None, separator + _compact_json(key) + ":" + _compact_json(value))
-        )
+        self.events.append((self._calls - 1, None, separator + _compact_json(key) + ":" + value))
         self._pieces = []
         self._state = "body"
 

@@ -12,7 +12,17 @@ the way vLLM's serving layer drives them: one delta at a time, then
 Printed: throughput of each parser and their ratio, then the time for 1x, 2x
 and 4x the output (the same output repeated), divided by the 1x time times the
 multiple (1.00 is exactly linear growth). Every run is checked: the streamed calls
-must be the ones the generator wrote. Times are CPU seconds of this process
+must be the ones the generator wrote.
+
+Then ``spark25``'s cost per character of one argument value as the value grows
+from 1,000 to 64,000 characters: converting hostile values by schema type (a
+digit run, digits ending in a letter, a long fraction or exponent, JSON arrays
+of integers and of floats, endlessly nested JSON) and streaming a whole call
+with such a value one character per delta. Each size's time per character is
+also divided by the 1,000-character one: 1.00 is the same cost per character
+at every size, i.e. linear time.
+
+Times are CPU seconds of this process
 (``time.process_time``, so other jobs on a shared machine distort them less than
 wall-clock time), the best of ``--repeats`` runs, with Python's cyclic garbage
 collector paused as ``timeit`` pauses it.
@@ -37,7 +47,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 
 from spark2_5_dev.checkpoints import write_tokenizer
 from vllm_spark2_5_plugin import compat
-from vllm_spark2_5_plugin.spark2_5_tool_parser import DeltaMessage, Spark25ToolParser
+from vllm_spark2_5_plugin.spark2_5_tool_parser import DeltaMessage, Spark25ToolParser, value_json
 
 TAGS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
 TOOLS = [
@@ -170,6 +180,69 @@ def delta_message_seconds(count: int) -> float:
         gc.enable()
 
 
+# Hostile argument values of ``size`` characters, with the schema they are read by.
+VALUE_KINDS: dict[str, tuple[dict, Callable[[int], str]]] = {
+    "integer: a digit run": ({"type": "integer"}, lambda size: "9" * size),
+    "integer: digits, then a letter": ({"type": "integer"}, lambda size: "1" * (size - 1) + "x"),
+    "number: a long fraction": ({"type": "number"}, lambda size: "0." + "1" * (size - 2)),
+    "number: a long exponent": ({"type": "number"}, lambda size: "1e-" + "9" * (size - 3)),
+    "array: JSON integers": ({"type": "array"}, lambda size: "[" + "1," * (size // 2 - 1) + "1]"),
+    # 1.50 is not how Python writes 1.5: each float takes the exact comparison.
+    "array: JSON floats": (
+        {"type": "array"},
+        lambda size: "[" + "1.50," * (size // 5 - 1) + "1.5]",
+    ),
+    "array: unclosed nesting": ({"type": "array"}, lambda size: "[" * size),
+}
+VALUE_SIZES = (1_000, 4_000, 16_000, 64_000)
+
+
+def conversion_seconds(schema: dict, value: str, runs: int) -> float:
+    """CPU time of ``runs`` conversions of ``value``."""
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.process_time()
+        for _ in range(runs):
+            value_json(value, schema)
+        return time.process_time() - start
+    finally:
+        gc.enable()
+
+
+def value_call(size: int) -> str:
+    """A call whose integer value is ``size`` characters of digits ending in a letter."""
+    return newline_call("get_weather", [("days", "1" * (size - 1) + "x")])
+
+
+def value_seconds_per_char(repeats: int, tokenizer, request) -> dict[str, list[float]]:
+    """Per value kind, CPU seconds per character at each of ``VALUE_SIZES``."""
+    rows = {}
+    for name, (schema, make) in VALUE_KINDS.items():
+        rows[name] = []
+        for size in VALUE_SIZES:
+            runs = 256_000 // size  # about 256,000 characters per timing
+            seconds = best_of(repeats, conversion_seconds, schema, make(size), runs)
+            rows[name].append(seconds / (runs * size))
+    rows["a call streamed, 1-char deltas"] = []
+    for size in VALUE_SIZES:
+        deltas = char_deltas(value_call(size), tokenizer)
+        seconds = best_of(repeats, stream_seconds, make_spark25, tokenizer, request, deltas, 1)
+        rows["a call streamed, 1-char deltas"].append(seconds / len(deltas))
+    return rows
+
+
+def print_value_scaling(repeats: int, tokenizer, request) -> None:
+    sizes = [f"{size // 1000}K" for size in VALUE_SIZES]
+    header = ["value (schema)", *(f"{s} µs/char" for s in sizes), *(f"{s} / 1K" for s in sizes[1:])]
+    print("\n| " + " | ".join(header) + " |")
+    print("|---" * len(header) + "|")
+    for name, per_char in value_seconds_per_char(repeats, tokenizer, request).items():
+        cells = [f"{seconds * 1e6:.3f}" for seconds in per_char]
+        cells += [f"{seconds / per_char[0]:.2f}" for seconds in per_char[1:]]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
 def best_of(repeats: int, run: Callable[..., float], *args) -> float:
     return min(run(*args) for _ in range(repeats))
 
@@ -244,6 +317,8 @@ def main() -> None:
                 f"| {name}, {label} | {times[0]:.3f} s | {times[1]:.3f} s | {times[2]:.3f} s | "
                 f"{times[1] / (2 * times[0]):.2f} | {times[2] / (4 * times[0]):.2f} |"
             )
+
+    print_value_scaling(args.repeats, tokenizer, request)
 
 
 if __name__ == "__main__":
