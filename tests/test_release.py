@@ -205,7 +205,6 @@ VARIABLES = {
     ("publish.yml", "build"): {"TESTPYPI_REPOSITORY_URL", "TESTPYPI_BASE_URL", "PYPI_BASE_URL"},
     ("publish.yml", "publish-testpypi"): {"TESTPYPI_REPOSITORY_URL"},
     ("publish.yml", "receipt"): {"TESTPYPI_BASE_URL", "PYPI_BASE_URL"},
-    ("ci.yml", "test"): {"TORCH_CPU_INDEX_URL"},
 }
 
 
@@ -309,25 +308,6 @@ def test_the_receipt_job_names_an_empty_index_variable(tmp_path: Path, index, va
     )
     assert done.returncode == 1
     assert f"repository variable {variable} is empty" in done.stderr
-
-
-def test_ci_takes_the_torch_index_from_a_repository_variable_and_checks_it():
-    test = _workflow("ci.yml")["jobs"]["test"]
-    assert test["env"]["PIP_EXTRA_INDEX_URL"] == "${{ vars.TORCH_CPU_INDEX_URL }}"
-    check = _steps(test)[0]  # before anything installs
-    assert check["env"]["TORCH_CPU_INDEX_URL"] == "${{ vars.TORCH_CPU_INDEX_URL }}"
-    fork = {"HEAD_REPOSITORY": "someone/fork", "REPOSITORY": "owner/repo"}
-    returncode, output = _run_step(check, {"TORCH_CPU_INDEX_URL": "", **fork})
-    assert returncode == 1
-    assert "repository variable TORCH_CPU_INDEX_URL is empty" in output
-    assert "pull requests from forks" in output
-    same = {"HEAD_REPOSITORY": "", "REPOSITORY": "owner/repo"}  # a push
-    returncode, output = _run_step(check, {"TORCH_CPU_INDEX_URL": "", **same})
-    assert returncode == 1 and "is empty" in output and "forks" not in output
-    returncode, output = _run_step(check, {"TORCH_CPU_INDEX_URL": "index.example.org", **same})
-    assert returncode == 1 and "must start with https://" in output
-    env = {"TORCH_CPU_INDEX_URL": "https://index.example.org/whl/cpu", **same}
-    assert _run_step(check, env) == (0, "")
 
 
 def _choose_index(tmp_path: Path, event: str, choice: str) -> tuple[int, str]:
