@@ -500,7 +500,12 @@ def test_check_dist_accepts_a_fresh_build_and_writes_the_receipt(built: Path, tm
     assert (receipt["distribution"], receipt["version"]) == (PROJECT["name"], VERSION)
     assert (receipt["tag"], receipt["source_date_epoch"]) == (f"v{VERSION}", SOURCE_DATE_EPOCH)
     assert re.fullmatch(r"[0-9a-f]{40}", receipt["commit"])
-    assert receipt["build_backend"].startswith("hatchling ")
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    [backend] = pyproject["build-system"]["requires"]
+    assert receipt["build_backend"] == backend.replace("==", " ")  # the exact pin built it
+    assert receipt["build_requires"] == [backend]
+    assert receipt["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert receipt["build_frontend"] == f"build {installed_version('build')}"
     assert {item["filename"]: item["sha256"] for item in receipt["files"]} == {
         path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in _files(built)
     }
@@ -640,6 +645,11 @@ def test_check_dist_release_needs_a_dated_changelog_entry(built, tmp_path, capsy
     code, output = _check(capsys, str(built), "--release", *root)
     assert code == 1 and f"no dated entry '## [{VERSION}] - YYYY-MM-DD'" in output
     changelog.write_text(f"# Changelog\n\n## [{VERSION}] - 2026-01-31\n", encoding="utf-8")
+    (tmp_path / "MAINTAINERS.md").write_text(
+        "## Current holders\n\n| GitHub account | roles |\n|---|---|\n"
+        "| @example-maintainer | maintainer, release approver |\n",
+        encoding="utf-8",
+    )
     assert _check(capsys, str(built), "--release", *root)[0] == 0
 
 
