@@ -2,8 +2,9 @@
 
 No private network addresses (RFC 1918), no absolute home, workspace or temp
 paths, no package registry's host name (the workflows take the indexes'
-addresses from repository variables), no credential shapes, no file over the
-size limit. The file list comes
+addresses from repository variables) but for the one address a user needs,
+PyTorch's CPU wheel index, in the files that tell it, no credential shapes, no
+file over the size limit. The file list comes
 from ``git ls-files`` in a git checkout and from a walk that honours
 ``.gitignore`` anywhere else (an unpacked sdist), so the scan runs in both.
 """
@@ -58,6 +59,11 @@ REGISTRY_DOMAINS = tuple(
         ("crates", "io"),
     )
 )
+# The one registry address the repository names: scripts/setup-env's default for
+# TORCH_CPU_INDEX_URL, which a user needs and cannot look up in a repository
+# variable. Allowed, exactly so, only in the files that tell it.
+TORCH_CPU_INDEX = "https://" + ".".join(("download", "pytorch", "org")) + "/whl/cpu"
+TORCH_CPU_INDEX_FILES = ("scripts/setup-env", "docs/release.md", "README.md")
 REGISTRY_HOST = re.compile(
     r"(?<![\w.-])(?:[a-z0-9-]+\.)*(?:" + "|".join(map(re.escape, REGISTRY_DOMAINS)) + r")(?![\w-])",
     re.IGNORECASE,
@@ -89,6 +95,10 @@ def machine_paths(text: str) -> list[str]:
 
 def registry_hosts(text: str) -> list[str]:
     return [match.group() for match in REGISTRY_HOST.finditer(text)]
+
+
+def registry_hosts_but_the_torch_index(text: str) -> list[str]:
+    return registry_hosts(re.sub(re.escape(TORCH_CPU_INDEX) + r"(?![\w/.-])", "", text))
 
 
 def secrets(text: str) -> list[str]:
@@ -129,9 +139,22 @@ def test_no_absolute_machine_paths():
 
 
 def test_no_package_registry_hosts():
-    assert violations(ROOT, registry_hosts) == [], (
+    found = [
+        hit
+        for hit in violations(ROOT, registry_hosts)
+        if hit.split(":", 1)[0] not in TORCH_CPU_INDEX_FILES
+    ]
+    found += violations(ROOT, registry_hosts_but_the_torch_index)
+    assert sorted(set(found)) == [], (
         "take the index's address from a repository variable (docs/release.md, section 4)"
     )
+
+
+def test_the_torch_cpu_index_is_named_where_users_read_it():
+    assert violations(ROOT, registry_hosts_but_the_torch_index) == []
+    files = {hit.split(":", 1)[0] for hit in violations(ROOT, registry_hosts)}
+    assert "scripts/setup-env" in files
+    assert files <= set(TORCH_CPU_INDEX_FILES)
 
 
 def test_no_secrets():
@@ -239,6 +262,22 @@ def test_registry_hosts_are_found(tmp_path: Path, line: str, host: str):
     (tmp_path / "workflow.yml").write_text(f"name: x\n{line}\n", encoding="utf-8")
     found = violations(tmp_path, registry_hosts)
     assert len(found) == 1 and found[0].startswith(f"workflow.yml:2: {host}")
+
+
+@pytest.mark.parametrize(
+    ("line", "allowed"),
+    [
+        (f"default: {TORCH_CPU_INDEX}", True),
+        (f'"${{TORCH_CPU_INDEX_URL-{TORCH_CPU_INDEX}}}"', True),
+        (f"({TORCH_CPU_INDEX}).", True),
+        (f"{TORCH_CPU_INDEX}/torch/", False),  # a page under it, not the index
+        (TORCH_CPU_INDEX.replace("/cpu", "/cu130"), False),
+        (f"{TORCH_CPU_INDEX} and https://{_host('pypi', 'org')}/simple", False),
+    ],
+)
+def test_only_the_torch_cpu_index_itself_is_allowed(line: str, allowed: bool):
+    assert registry_hosts(line) != []
+    assert (registry_hosts_but_the_torch_index(line) == []) is allowed
 
 
 @pytest.mark.parametrize(

@@ -26,10 +26,20 @@ CPU_SERVE_ENV = {
 CPU_SERVE_ARGS = ("--max-model-len", "512", "--enforce-eager")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def reserve_port(host: str = "127.0.0.1") -> socket.socket:
+    """A socket bound to a free port of ``host``, held to hand that port to ``vllm serve``.
+
+    It sets SO_REUSEADDR, as vLLM's own server socket does, and never listens, so
+    on Linux vLLM binds and listens on the same port while it is held; until it
+    is closed the kernel gives the port to no other bind (``bind(0)`` included).
+    Binding and closing at once would leave a window in which a parallel test
+    could take the port before vLLM binds it; ``--port 0`` would close it too,
+    but vLLM then logs port 0 and the real one is only in its socket table.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    return sock
 
 
 def vllm_executable() -> str:
@@ -41,9 +51,10 @@ class ServerFailed(RuntimeError):
 
 
 class VllmServer:
-    """``vllm serve MODEL`` on a free loopback port, in its own process group.
+    """``vllm serve MODEL`` on a reserved loopback port, in its own process group.
 
-    Use as a context manager; the whole process group is stopped on exit.
+    The port is held (``reserve_port``) from construction until ``stop()``. Use as
+    a context manager; the whole process group is stopped on exit.
     """
 
     def __init__(
@@ -55,7 +66,8 @@ class VllmServer:
         startup_timeout: float = 300.0,
     ) -> None:
         self.model = str(model)
-        self.port = free_port()
+        self._port_reservation = reserve_port()
+        self.port: int = self._port_reservation.getsockname()[1]
         self.args = [*CPU_SERVE_ARGS, *args]
         self.env = {**os.environ, **CPU_SERVE_ENV, **(env or {})}
         self.log_path = Path(log_path) if log_path else Path(f"vllm-serve-{self.port}.log")
@@ -92,7 +104,11 @@ class VllmServer:
                 env=self.env,
                 start_new_session=True,
             )
-        self._wait_healthy()
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()  # the process group and the port, whatever failed
+            raise
         return self
 
     def _wait_healthy(self) -> None:
@@ -109,13 +125,13 @@ class VllmServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.5)
-        self.stop()
         raise ServerFailed(
             f"vllm serve not healthy after {self.startup_timeout:.0f}s; log:\n{self.log()[-6000:]}"
         )
 
     def stop(self, grace: float = 20.0) -> int | None:
-        """SIGTERM the server's process group, then SIGKILL what is left."""
+        """SIGTERM the server's process group, then SIGKILL what is left; free the port."""
+        self._port_reservation.close()
         if self.process is None:
             return None
         pgid = self.process.pid
@@ -145,11 +161,14 @@ def run_vllm_serve_expecting_failure(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``vllm serve`` that is expected to exit by itself; return its output."""
     server = VllmServer(model, args, env)
-    return subprocess.run(
-        server.command,
-        env=server.env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        start_new_session=True,
-    )
+    try:
+        return subprocess.run(
+            server.command,
+            env=server.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            start_new_session=True,
+        )
+    finally:
+        server.stop()

