@@ -206,6 +206,31 @@ def _models(args: argparse.Namespace, workdir: Path) -> list[tuple[str, Path, di
     ]
 
 
+def serve_and_bench(
+    name: str,
+    model: Path,
+    serve_args: list[str],
+    serve_env: dict[str, str],
+    settings: dict[str, Any],
+    workdir: Path,
+) -> dict[str, Any]:
+    """``vllm serve`` one model (the carrier enabled for Spark2_5 only) and measure it."""
+    carrier = {"SPARK2_5_PLUGIN_ENABLE": "1"} if name == SPARK else {}
+    workdir.mkdir()
+    server = VllmServer(
+        model,
+        args=serve_args,
+        env={**carrier, **serve_env},
+        log_path=workdir / "serve.log",
+        startup_timeout=600,
+    )
+    with server:
+        result = bench_serve(server, settings, workdir)
+    if carrier and "enabled=1" not in server.log():
+        raise RuntimeError("the server log lacks the carrier's enabled=1 load line")
+    return result
+
+
 def main() -> int:
     parser = base_parser(__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -230,7 +255,7 @@ def main() -> int:
     else:
         serve_args, serve_env = ["--max-model-len", "1024", "--dtype", "bfloat16"], {}
 
-    results = {}
+    results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         workdir = Path(tmp)
         models = _models(args, workdir)
@@ -246,19 +271,9 @@ def main() -> int:
             },
         )
         for name, model, _ in models:
-            carrier = {"SPARK2_5_PLUGIN_ENABLE": "1"} if name == SPARK else {}
-            server = VllmServer(
-                model,
-                args=serve_args,
-                env={**carrier, **serve_env},
-                log_path=workdir / f"{name}.log",
-                startup_timeout=600,
+            results[name] = serve_and_bench(
+                name, model, serve_args, serve_env, settings, workdir / f"{name}-bench"
             )
-            (workdir / name).mkdir()
-            with server:
-                results[name] = bench_serve(server, settings, workdir / name)
-            if carrier and "enabled=1" not in server.log():
-                raise RuntimeError("the server log lacks the carrier's enabled=1 load line")
     if args.gpu_4b_shape:
         record.data["results"] = results
         record.data["spark2_5_over_in_tree"] = ratios(results[SPARK], results[IN_TREE])
