@@ -172,14 +172,16 @@ def build_phase(workdir: Path, shape: str) -> dict[str, Any]:
     from vllm_spark2_5_plugin.testing.checkpoints import random_spark2_5, save_checkpoint
 
     config = _shape_config(shape)
-    model = random_spark2_5(config, seed=PARITY_SEED, std=WEIGHT_STD[shape]).to(torch.bfloat16)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = random_spark2_5(config, seed=PARITY_SEED, std=WEIGHT_STD[shape], device=device)
+    model = model.to(torch.bfloat16)
     path = save_checkpoint(model, config, workdir / "checkpoint")
     return {
         "checkpoint": path.name,
         "shape": shape,
         "parameters": sum(p.numel() for p in model.parameters()),
         "weights": f"normal(0, {WEIGHT_STD[shape]}), norms uniform(0.8, 1.2), seed "
-        f"{PARITY_SEED}, saved in bfloat16",
+        f"{PARITY_SEED} on {device}, saved in bfloat16",
     }
 
 
