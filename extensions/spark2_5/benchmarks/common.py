@@ -63,6 +63,20 @@ def cpu_model_name() -> str:
     return "unknown"
 
 
+def gpu_names() -> list[str]:
+    """The NVIDIA GPUs ``nvidia-smi`` lists, by name; none without a driver."""
+    try:
+        listed = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return []
+    return [line.strip() for line in listed.splitlines() if line.strip()]
+
+
 def _version(distribution: str) -> str | None:
     try:
         return metadata.version(distribution)
@@ -94,6 +108,7 @@ def machine() -> dict[str, Any]:
         memory_gib = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     return {
         "cpu": cpu_model_name(),
+        "gpus": gpu_names(),
         "cores": os.cpu_count(),
         "memory_gib": memory_gib,
         "os": f"{platform.system()} {platform.release()}",

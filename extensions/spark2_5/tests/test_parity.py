@@ -8,9 +8,6 @@ part of the JSON that run writes.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,27 +16,15 @@ from carrier_harness.server import VllmServer
 from spark2_5_dev import parity
 from spark2_5_dev.carrier import ENABLE_ENV
 from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
+from spark2_5_dev.drivers import run_driver
 
 FP32_CASES = [case.name for case in parity.CASES if case.dtype == "float32"]
 BF16_CASES = [case.name for case in parity.CASES if case.dtype == "bfloat16"]
 
 
 def run_parity(workdir: Path, *args: str, timeout: float) -> object:
-    out = workdir / ("parallel.json" if args else "parity.json")
-    log = workdir / ("parallel.log" if args else "parity.log")
-    env = {**os.environ, **parity.ENGINE_ENV}
-    command = [sys.executable, "-m", "spark2_5_dev.parity"]
-    with open(log, "w") as log_file:
-        done = subprocess.run(
-            [*command, "--workdir", str(workdir), "--out", str(out), *args],
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            timeout=timeout,
-            start_new_session=True,
-        )
-    assert done.returncode == 0, log.read_text(errors="replace")[-8000:]
-    return json.loads(out.read_text())
+    name = "parallel" if args else "parity"
+    return run_driver("spark2_5_dev.parity", args, workdir, timeout, name=name)
 
 
 @pytest.fixture(scope="session")

@@ -265,14 +265,18 @@ def save_checkpoint(
     return path
 
 
-def random_spark2_5(config: dict[str, Any], seed: int = 0, std: float = 0.25) -> Any:
-    """The reference model with seeded random weights (norm weights around 1)."""
+def random_spark2_5(
+    config: dict[str, Any], seed: int = 0, std: float = 0.25, device: str = "cpu"
+) -> Any:
+    """The reference model with seeded random weights (norm weights around 1), made
+    on ``device`` (a GPU draws the 4B's in seconds; its draws differ from the CPU's)."""
     import torch
 
     from spark2_5_dev.reference import Spark2_5Reference
 
-    generator = torch.Generator().manual_seed(seed)
-    model = Spark2_5Reference(config)
+    generator = torch.Generator(device).manual_seed(seed)
+    with torch.device(device):
+        model = Spark2_5Reference(config)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):

@@ -121,13 +121,15 @@ def _serve(llm_kwargs: dict[str, Any], batch: list[list[int]]) -> list[dict[str,
     )[0]
     del llm
     gc.collect()
-    results = []
-    for output in outputs:
-        completion = output.outputs[0]
-        tokens = list(completion.token_ids)
-        logprobs = [step[t].logprob for t, step in zip(tokens, completion.logprobs, strict=True)]
-        results.append({"tokens": tokens, "logprobs": logprobs})
-    return [{"rope_cache_rows": rope_rows}, *results]
+    return [{"rope_cache_rows": rope_rows}, *map(completion_record, outputs)]
+
+
+def completion_record(output: Any) -> dict[str, list]:
+    """The sampled tokens of a ``RequestOutput`` and the log-probability of each."""
+    completion = output.outputs[0]
+    tokens = list(completion.token_ids)
+    logprobs = [step[t].logprob for t, step in zip(tokens, completion.logprobs, strict=True)]
+    return {"tokens": tokens, "logprobs": logprobs}
 
 
 def _compare_fp32(reference: Any, batch: list[list[int]], served: list[dict]) -> dict[str, Any]:

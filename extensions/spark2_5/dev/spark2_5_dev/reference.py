@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 GATE_ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": F.silu}
+# Query rows attended at once: bounds the [heads, rows, T] score matrix.
+QUERY_BLOCK = 1024
 
 
 class RMSNorm(nn.Module):
@@ -53,7 +55,8 @@ def apply_partial_rope(
     x: torch.Tensor, positions: torch.Tensor, theta: float, rotary_dim: int
 ) -> torch.Tensor:
     """Rotate the first ``rotary_dim`` dims of each head of ``x`` [..., T, heads, D]."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32, device=x.device) / rotary_dim
+    inv_freq = 1.0 / (theta**exponents)
     freqs = positions.float()[:, None] * inv_freq[None, :]
     angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, rotary_dim]
     rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
@@ -86,7 +89,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` is [batch, T, hidden], every sequence starting at position 0."""
         batch, length, _ = x.shape
-        positions = torch.arange(length)
+        positions = torch.arange(length, device=x.device)
         q, k, v = self.q_k_v_proj(x).split(
             [
                 self.num_heads * self.head_dim,
@@ -105,19 +108,42 @@ class Attention(nn.Module):
         k = k.repeat_interleave(group, dim=2)
         v = v.repeat_interleave(group, dim=2)
 
-        scores = torch.einsum("bqhd,bkhd->bhqk", q, k).float() * self.head_dim**-0.5
-        query_pos, key_pos = positions[:, None], positions[None, :]
-        visible = key_pos <= query_pos
-        if self.window is not None:
-            visible &= key_pos > query_pos - self.window
-        scores = scores.masked_fill(~visible, float("-inf"))
-        probs = scores.softmax(dim=-1).to(v.dtype)
-        heads = torch.einsum("bhqk,bkhd->bqhd", probs, v)  # [batch, T, heads, D]
+        # Queries in blocks, so that a 16K-token prompt's scores fit in memory. A
+        # block skips the keys none of its queries may see (their weight is exactly 0).
+        blocks = []
+        for start in range(0, length, QUERY_BLOCK):
+            stop = min(start + QUERY_BLOCK, length)
+            first_key = 0 if self.window is None else max(0, start - self.window + 1)
+            keys = slice(first_key, stop)
+            blocks.append(
+                self.attend(
+                    q[:, start:stop], k[:, keys], v[:, keys], positions[start:stop], positions[keys]
+                )
+            )
+        heads = torch.cat(blocks, dim=1)  # [batch, T, heads, D]
 
         if self.g_proj is not None:
             gate = self.gate_act(self.g_proj(x).float())  # [batch, T, heads]
             heads = (heads.float() * gate[..., None]).to(heads.dtype)
         return self.out_proj(heads.reshape(batch, length, -1))
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        query_pos: torch.Tensor,
+        key_pos: torch.Tensor,
+    ) -> torch.Tensor:
+        """Causal (and windowed) attention of queries at ``query_pos`` over keys at ``key_pos``."""
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k).float() * self.head_dim**-0.5
+        query_pos, key_pos = query_pos[:, None], key_pos[None, :]
+        visible = key_pos <= query_pos
+        if self.window is not None:
+            visible &= key_pos > query_pos - self.window
+        scores = scores.masked_fill(~visible, float("-inf"))
+        probs = scores.softmax(dim=-1).to(v.dtype)
+        return torch.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
 class MLP(nn.Module):
@@ -197,13 +223,17 @@ class Spark2_5Reference(nn.Module):
         model.load_state_dict(fuse_qkv(tensors), strict=True)
         return model.to(dtype).eval()
 
+    def as_input(self, tokens: list[int]) -> torch.Tensor:
+        """Token ids as a tensor on the model's device."""
+        return torch.tensor(tokens, device=self.model.embedding.weight.device)
+
     @torch.no_grad()
     def generate(self, prompt: list[int], max_new_tokens: int) -> tuple[list[int], list[float]]:
         """Greedy continuation of ``prompt``: the new tokens and their log-probabilities."""
         tokens = list(prompt)
         logprobs = []
         for _ in range(max_new_tokens):
-            step = self(torch.tensor(tokens))[-1].log_softmax(-1)
+            step = self(self.as_input(tokens))[-1].log_softmax(-1)
             token = int(step.argmax())
             tokens.append(token)
             logprobs.append(float(step[token]))
@@ -213,7 +243,7 @@ class Spark2_5Reference(nn.Module):
     def score(self, prompt: list[int], continuation: list[int]) -> torch.Tensor:
         """Log-probabilities [len(continuation), vocab] at each continuation step,
         teacher-forced on the given continuation."""
-        tokens = torch.tensor(prompt + continuation)
+        tokens = self.as_input(prompt + continuation)
         logits = self(tokens)[len(prompt) - 1 : len(tokens) - 1]
         return logits.log_softmax(-1)
 

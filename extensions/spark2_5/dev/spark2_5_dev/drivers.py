@@ -1,0 +1,41 @@
+"""Running a driver module of ``spark2_5_dev`` (parity, hybrid) in a fresh process,
+whose engines run in that process, and reading back the JSON it writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from spark2_5_dev.parity import ENGINE_ENV
+
+
+def run_driver(
+    module: str, args: Sequence[str], workdir: Path, timeout: float, name: str = "result"
+) -> Any:
+    """``python -m module *args --workdir workdir --out workdir/<name>.json``; its log
+    (``<name>.log``) is in the assertion message when it fails."""
+    out, log = workdir / f"{name}.json", workdir / f"{name}.log"
+    command = [sys.executable, "-m", module, *args, "--workdir", str(workdir), "--out", str(out)]
+    with open(log, "w") as log_file:
+        done = subprocess.run(
+            command,
+            env={**os.environ, **ENGINE_ENV},
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            start_new_session=True,
+        )
+    assert done.returncode == 0, log.read_text(errors="replace")[-8000:]
+    return json.loads(out.read_text())
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    return next(
+        (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
+    )
