@@ -110,6 +110,28 @@ def _rotary_embedding_module() -> Any:
     return importlib.import_module("vllm.model_executor.layers.rotary_embedding")
 
 
+# --- config -----------------------------------------------------------------------
+
+
+def complete_layer_type_rope(
+    rope_parameters: dict[str, dict[str, Any]], default_theta: float, kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """``PretrainedConfig.convert_rope_params_to_dict`` for a config whose RoPE is set per
+    layer type: fill each entry's defaults in place and return ``kwargs`` untouched.
+
+    transformers 5.x calls that method from ``__init__``; its own version (5.17,
+    the release vLLM 0.31 resolves) writes a top-level ``rope_theta`` next to the
+    layer-type entries, which its ``validate_rope`` then rejects. transformers
+    4.x has no such method, and never calls this. Complete entries also leave
+    nothing for vLLM's RoPE patching to fill in.
+    """
+    for entry in rope_parameters.values():
+        entry.setdefault("rope_type", entry.get("type", "default"))
+        entry.setdefault("rope_theta", default_theta)
+        entry.setdefault("partial_rotary_factor", 1.0)
+    return kwargs
+
+
 # --- model layers -------------------------------------------------------------
 
 
@@ -238,6 +260,14 @@ def load_weights(
 def tool_parser_base() -> type:
     """The ``ToolParser`` base class every registered parser must subclass."""
     return _abstract_tool_parser().ToolParser
+
+
+def tool_parser_base_args(tokenizer: Any, tools: Any) -> tuple[Any, ...]:
+    """The arguments ``ToolParser.__init__`` takes: ``(tokenizer, tools)`` where it
+    accepts the request's tools (vLLM 0.32), ``(tokenizer,)`` before."""
+    if "tools" in inspect.signature(tool_parser_base().__init__).parameters:
+        return tokenizer, tools
+    return (tokenizer,)
 
 
 # --- tool-call parser -----------------------------------------------------------

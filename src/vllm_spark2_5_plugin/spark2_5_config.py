@@ -54,6 +54,8 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
+from vllm_spark2_5_plugin import compat
+
 SLIDING_ATTENTION = "sliding_attention"
 FULL_ATTENTION = "full_attention"
 LAYER_TYPES = (SLIDING_ATTENTION, FULL_ATTENTION)
@@ -423,18 +425,8 @@ class Spark2_5Config(PretrainedConfig):
         return loaded
 
     def convert_rope_params_to_dict(self, **kwargs: Any) -> dict[str, Any]:
-        """Complete each layer type's RoPE entry; transformers 5.x calls this from ``__init__``.
-
-        Replaces the base class's version: some releases of it (5.17) put a
-        ``rope_theta`` next to the layer-type entries, which their own
-        ``validate_rope`` then fails on. The entries are already validated;
-        completing them also leaves nothing for vLLM's RoPE patching to fill in.
-        """
-        for entry in self.rope_parameters.values():
-            entry.setdefault("rope_type", entry.get("type", "default"))
-            entry.setdefault("rope_theta", DEFAULT_ROPE_THETA)
-            entry.setdefault("partial_rotary_factor", 1.0)
-        return kwargs
+        """transformers 5.x calls this from ``__init__``; see ``compat``."""
+        return compat.complete_layer_type_rope(self.rope_parameters, DEFAULT_ROPE_THETA, kwargs)
 
     def rope_parameters_for(self, layer_type: str) -> dict[str, Any]:
         """RoPE theta and rotary fraction of one layer type, with the defaults filled in."""

@@ -585,8 +585,8 @@ class Spark25ToolParser(ToolParser):
     engine_based_streaming = True
 
     def __init__(self, tokenizer: Any, tools: list[Any] | None = None) -> None:
-        # Tools are read from each request; older releases' base takes none.
-        super().__init__(tokenizer)
+        # Calls are checked against each request's tools, whatever the base keeps.
+        super().__init__(*compat.tool_parser_base_args(tokenizer, tools))
         self._stream: _Scanner | None = None
 
     def adjust_request(self, request: Any) -> Any:

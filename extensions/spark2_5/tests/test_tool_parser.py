@@ -614,3 +614,17 @@ def test_structural_tag_support_and_request_errors_on_older_releases(monkeypatch
     error = compat.request_validation_error("bad", parameter="tool_choice", value="required")
     assert type(error) is ValueError
     assert str(error) == "bad (parameter=tool_choice, value=required)"
+
+
+def test_the_base_parser_gets_the_request_tools_only_where_it_takes_them(monkeypatch, tokenizer):
+    tools = chat_request().tools
+    assert compat.tool_parser_base_args(tokenizer, tools) == (tokenizer, tools)
+
+    class OlderToolParser:  # before vLLM 0.32 the base took the tokenizer only
+        def __init__(self, tokenizer):
+            self.model_tokenizer = tokenizer
+
+    monkeypatch.setattr(
+        compat, "_abstract_tool_parser", lambda: types.SimpleNamespace(ToolParser=OlderToolParser)
+    )
+    assert compat.tool_parser_base_args(tokenizer, tools) == (tokenizer,)
