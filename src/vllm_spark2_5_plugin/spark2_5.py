@@ -36,7 +36,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
 )
-from vllm.model_executor.models.interfaces import SupportsPP
+from vllm.model_executor.models.interfaces import SupportsLoRA, SupportsPP
 from vllm.model_executor.models.utils import (
     PPMissingLayer,
     extract_layer_index,
@@ -293,16 +293,26 @@ class Spark2_5Model(nn.Module):
         return hidden_states
 
 
-class Spark2_5ForCausalLM(nn.Module, SupportsPP):
+class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
+    # Packed vLLM module -> the modules a PEFT adapter of the released model
+    # targets. That model's attention has one fused q_k_v_proj, so adapters
+    # carry one lora_A/lora_B pair for it; its MLP has gate_proj and up_proj.
+    # Every linear layer may be targeted, g_proj included (LoRA adds to it in
+    # float like its base weight).
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
-        "q_k_v_proj": ["q_proj", "k_proj", "v_proj"],
+        "q_k_v_proj": ["q_k_v_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+    embedding_modules: ClassVar[dict[str, str]] = {
+        "embedding": "input_embeddings",
+        "lm_head": "output_embeddings",
     }
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         config = vllm_config.model_config.hf_config
         self.config = config
+        self.quant_config = vllm_config.quant_config
         self.model = Spark2_5Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         if get_pp_group().is_last_rank:
             self.lm_head = ParallelLMHead(
@@ -338,6 +348,9 @@ class Spark2_5ForCausalLM(nn.Module, SupportsPP):
         # embedding, so that copy is dropped rather than written over it.
         skip_prefixes = ("lm_head.",) if self.config.tie_word_embeddings else ()
         ledger = _CheckpointLedger(self, skip_prefixes)
+        # Tensors the quantization method does not load (GPTQ's g_idx) never reach
+        # the ledger.
+        weights = compat.quantized_checkpoint_names(self.quant_config, weights)
         loaded = compat.load_weights(
             self, ledger.track(weights), stacked=STACKED_PARAMS, skip_prefixes=skip_prefixes
         )
@@ -360,6 +373,14 @@ class _CheckpointLedger:
         self.model = model
         self.skip_prefixes = skip_prefixes
         self.params = dict(model.named_parameters())
+        # An attention layer's only parameters are KV-cache quantization scales,
+        # which default to 1 when a checkpoint has none.
+        self.optional = {
+            f"{module_name}.{param_name}"
+            for module_name, module in model.named_modules()
+            if isinstance(module, Attention)
+            for param_name, _ in module.named_parameters(recurse=False)
+        }
         self.filled: dict[str, dict[str | int, str]] = defaultdict(dict)
 
     def track(
@@ -373,6 +394,13 @@ class _CheckpointLedger:
             if target not in self.params:
                 if is_pp_missing_parameter(target, self.model):
                     continue  # another pipeline stage loads it
+                if ".g_proj." in name:
+                    raise ValueError(
+                        f"Tensor {name!r}: this checkpoint quantizes g_proj, which "
+                        "Spark2_5 keeps in float (g_proj.weight). Quantize it again with "
+                        "g_proj left out (compressed-tensors: add 're:.*g_proj$' to "
+                        "'ignore'; GPTQ: leave it out of 'modules_in_block_to_quantize')"
+                    )
                 raise ValueError(
                     f"Unexpected tensor {name!r} in the Spark2_5 checkpoint: "
                     f"{type(self.model).__name__} has no parameter {target!r} for it "
@@ -391,7 +419,7 @@ class _CheckpointLedger:
 
     def verify(self) -> None:
         missing = []
-        for target in self.params:
+        for target in self.params.keys() - self.optional:
             filled = self.filled.get(target, {})
             if _WHOLE in filled:
                 continue
