@@ -161,3 +161,30 @@ def test_quantization_configs_keep_g_proj_out(quantized):
     gptq = json.loads((quantized[quantize.GPTQ_INT4] / "config.json").read_text())
     groups = gptq["quantization_config"]["modules_in_block_to_quantize"]
     assert not any("g_proj" in module for group in groups for module in group)
+
+
+# --- what vLLM's CPU build cannot run (docs/lora-and-quantization.md) --------------
+
+
+@pytest.mark.usefixtures("vllm_model_env")
+def test_gptq_in_float32_is_refused_by_vllm_naming_the_dtype(quantized):
+    from vllm.config import ModelConfig, VllmConfig
+
+    model_config = ModelConfig(
+        model=str(quantized[quantize.GPTQ_INT4]), dtype="float32", max_model_len=64
+    )
+    with pytest.raises(ValueError, match=r"torch.float32 is not supported for quantization"):
+        VllmConfig(model_config=model_config)
+
+
+@pytest.mark.usefixtures("vllm_model_env")
+def test_w8a8_int8_in_float32_fails_in_vllms_cpu_kernel(quantized):
+    checkpoint = quantized[quantize.W8A8_INT8]
+    model = build_model(checkpoint, dtype="float32")
+    model.load_weights(iter(checkpoint_tensors(checkpoint).items()))
+    layer = model.model.layers[0].self_attn.out_proj
+    layer.quant_method.process_weights_after_loading(layer)
+    with pytest.raises(RuntimeError, match="expect A to be bfloat16 or half"):
+        layer(torch.randn(3, layer.input_size))
+    bf16_layer = build_model(checkpoint, dtype="bfloat16").model.layers[0].self_attn.out_proj
+    assert bf16_layer.weight.dtype == torch.int8  # the same layer runs in bfloat16 when served

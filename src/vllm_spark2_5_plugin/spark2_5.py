@@ -297,8 +297,8 @@ class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
     # Packed vLLM module -> the modules a PEFT adapter of the released model
     # targets. That model's attention has one fused q_k_v_proj, so adapters
     # carry one lora_A/lora_B pair for it; its MLP has gate_proj and up_proj.
-    # Every linear layer may be targeted, g_proj included (LoRA adds to it in
-    # float like its base weight).
+    # Every linear layer may be targeted, g_proj included: its delta adds to the
+    # gate logits before the activation, as merged weights would.
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
         "q_k_v_proj": ["q_k_v_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
