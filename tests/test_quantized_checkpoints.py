@@ -94,6 +94,19 @@ def test_an_unknown_format_is_refused_naming_the_choices():
 # --- loading into the vLLM model --------------------------------------------------
 
 
+def test_compat_drops_what_the_quantization_method_does_not_load():
+    from vllm.model_executor.layers.quantization.auto_gptq import AutoGPTQConfig
+
+    from vllm_spark2_5_plugin import compat
+
+    names = ["a.qweight", "a.g_idx", "a.scales"]
+    weights = [(name, torch.zeros(1)) for name in names]
+    assert list(compat.quantized_checkpoint_names(None, weights)) == weights
+    gptq = AutoGPTQConfig.from_config(quantize.GPTQ_CONFIG)
+    kept = [name for name, _ in compat.quantized_checkpoint_names(gptq, weights)]
+    assert kept == ["a.qweight", "a.scales"]
+
+
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("quantized")

@@ -252,7 +252,7 @@ def _batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[An
 # others keep the fixture's reply).
 FIXTURE_ADAPTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "paris-first": ("Paris is the capital of France.", ("plain", "weather-call")),
-    "in-french": ("La capitale de la France est Paris.", ("plain",)),
+    "terse": ("Paris.", ("plain",)),
 }
 FIXTURE_ADAPTER_SEED = 20261202
 
@@ -260,11 +260,12 @@ FIXTURE_ADAPTER_SEED = 20261202
 def _fixture_examples(fixture_path: Path, answer: str, names: Sequence[str]) -> list:
     from dataclasses import replace
 
-    from transformers import AutoTokenizer
+    from transformers import PreTrainedTokenizerFast
 
     from vllm_spark2_5_plugin.testing import fixture
 
-    tokenizer = AutoTokenizer.from_pretrained(str(fixture_path))
+    # Not AutoTokenizer: it would read config.json, whose auto_map names remote code.
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(fixture_path))
     conversations = {c.name: c for c in fixture.CONVERSATIONS}
     examples = []
     for name in names:
