@@ -80,6 +80,32 @@ def test_packing_any_4_bit_values_round_trips(rows, words, seed, dim):
     assert torch.equal(quantize.unpack_int32(packed, dim=dim), values)
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    out_groups=st.integers(1, 3),
+    in_groups=st.integers(1, 3),
+    seed=st.integers(0, 2**31 - 1),
+    magnitude=st.sampled_from([0.0, 1e-6, 0.2, 1e3]),
+    zero_rows=st.integers(0, 2),
+)
+def test_both_quantizers_stay_within_half_a_step_of_any_weight(
+    out_groups, in_groups, seed, magnitude, zero_rows
+):
+    """Any finite weight, including all-zero rows and very small or large values:
+    dequantized, every entry is within half a quantization step."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(out_groups * 8, in_groups * 32, generator=generator) * magnitude
+    weight[:zero_rows] = 0
+    quantized, scale = quantize.int8_channelwise(weight)
+    assert ((quantized.float() * scale - weight).abs() <= scale / 2 * 1.001).all()
+    tensors = quantize.gptq_int4(weight)
+    values = quantize.unpack_int32(tensors["qweight"], dim=0)  # [in, out]
+    scales = tensors["scales"].float()[tensors["g_idx"].long()]
+    restored = ((values - 8) * scales).T
+    # float16 scales round to 2**-11 relative; a zero group has the floor scale
+    assert ((restored - weight).abs() <= scales.T / 2 * 1.01 + 1e-7).all()
+
+
 @pytest.mark.parametrize(("out_features", "in_features"), [(64, 100), (60, 128)])
 def test_gptq_refuses_shapes_it_cannot_group_or_pack(out_features, in_features):
     with pytest.raises(ValueError, match=rf"shape \({out_features}, {in_features}\)"):

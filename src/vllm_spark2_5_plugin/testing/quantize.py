@@ -98,7 +98,12 @@ def gptq_int4(weight: Any, group_size: int = GPTQ_GROUP_SIZE) -> dict[str, Any]:
         )
     groups = weight.float().T.reshape(in_features // group_size, group_size, out_features)
     # Symmetric AutoGPTQ: the range [-amax, amax] over 15 steps, zero point 8.
-    scales = (groups.abs().amax(dim=1) * 2 / (2**_GPTQ_BITS - 1)).clamp(min=1e-8).half()
+    exact = groups.abs().amax(dim=1) * 2 / (2**_GPTQ_BITS - 1)
+    scales = exact.clamp(min=torch.finfo(torch.float16).tiny).half()
+    # Rounded down to float16, a scale would clip the group's largest weight.
+    scales = torch.where(
+        scales.float() < exact, torch.nextafter(scales, torch.full_like(scales, torch.inf)), scales
+    )
     levels = torch.round(groups / scales.float()[:, None, :]) + _GPTQ_ZERO
     values = levels.clamp(0, 2**_GPTQ_BITS - 1).to(torch.int64).reshape(in_features, out_features)
     zeros = torch.full((in_features // group_size, out_features), _GPTQ_ZERO - 1)
