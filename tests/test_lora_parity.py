@@ -17,8 +17,6 @@ import pytest
 
 from vllm_spark2_5_plugin.testing import lora, lora_parity, parity
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> dict:

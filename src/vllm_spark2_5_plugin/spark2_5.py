@@ -394,7 +394,7 @@ class _CheckpointLedger:
             if target not in self.params:
                 if is_pp_missing_parameter(target, self.model):
                     continue  # another pipeline stage loads it
-                if ".g_proj." in name:
+                if ".g_proj." in name and not name.endswith((".weight", ".bias")):
                     raise ValueError(
                         f"Tensor {name!r}: this checkpoint quantizes g_proj, which "
                         "Spark2_5 keeps in float (g_proj.weight). Quantize it again with "
@@ -419,9 +419,9 @@ class _CheckpointLedger:
 
     def verify(self) -> None:
         missing = []
-        for target in self.params.keys() - self.optional:
+        for target in self.params:
             filled = self.filled.get(target, {})
-            if _WHOLE in filled:
+            if _WHOLE in filled or target in self.optional:
                 continue
             parts = _checkpoint_parts(target)
             if not parts:
