@@ -34,6 +34,8 @@ SPLIT_QKV_TARGETS = ("q_proj", "k_proj", "v_proj")
 def _split_qkv_adapter(config: dict[str, Any], path: Path) -> Path:
     """An adapter on separate q_proj/k_proj/v_proj, as PEFT writes it for a
     re-exported checkpoint with split attention projections."""
+    import torch
+
     shapes = lora.linear_shapes(config)
     head_dim = config["head_dim"]
     sizes = {
@@ -41,8 +43,6 @@ def _split_qkv_adapter(config: dict[str, Any], path: Path) -> Path:
         "k_proj": config["num_key_value_heads"] * head_dim,
         "v_proj": config["num_key_value_heads"] * head_dim,
     }
-    import torch
-
     generator = torch.Generator().manual_seed(13)
     tensors = {}
     for layer in range(config["num_hidden_layers"]):
@@ -86,6 +86,31 @@ def _generate_together(
         llm, batch * len(per_prompt), [request for request in per_prompt for _ in batch]
     )
     return [served[i * len(batch) : (i + 1) * len(batch)] for i in range(len(per_prompt))]
+
+
+def _compare_adapter(
+    merged: Path, adapter: Path, batch: list[list[int]], served: list[dict], base: list[dict]
+) -> dict[str, Any]:
+    """``served`` (with ``adapter``) against the reference on the ``merged`` checkpoint,
+    and how many prompts the adapter changed from the ``base`` model's tokens."""
+    from vllm_spark2_5_plugin.reference import Spark2_5Reference
+
+    compared = parity._compare_fp32(Spark2_5Reference.from_pretrained(merged), batch, served)
+    compared["prompts_changed_by_adapter"] = sum(
+        out["tokens"] != ref["tokens"] for out, ref in zip(served, base, strict=True)
+    )
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    compared["targets"] = config["target_modules"]
+    return compared
+
+
+def _error_of(llm: Any, batch: list[list[int]], request: Any) -> str | None:
+    """vLLM's error for generating with ``request``, ``None`` if it generates."""
+    try:
+        _generate(llm, batch, request)
+    except Exception as error:  # whatever vLLM raises is what is recorded
+        return f"{type(error).__name__}: {error}"
+    return None
 
 
 def run(workdir: str | Path) -> dict[str, Any]:
@@ -132,25 +157,14 @@ def run(workdir: str | Path) -> dict[str, Any]:
     results: dict[str, Any] = {"base": parity._compare_fp32(reference, batch, base_served)}
     for (name, path), out in zip(adapters.items(), adapter_served, strict=True):
         merged = lora.merge_adapter(checkpoint, path, workdir / f"{name}-merged")
-        compared = parity._compare_fp32(Spark2_5Reference.from_pretrained(merged), batch, out)
-        compared["prompts_changed_by_adapter"] = sum(
-            o["tokens"] != b["tokens"] for o, b in zip(out, base_served, strict=True)
-        )
-        compared["targets"] = json.loads((path / "adapter_config.json").read_text())[
-            "target_modules"
-        ]
-        results[name] = compared
+        results[name] = _compare_adapter(merged, path, batch, out, base_served)
     # The same batch with one adapter more, which takes the last slot.
     first_name, first_path = next(iter(adapters.items()))
     extra = LoRARequest(f"{first_name}-again", len(requests) + 1, str(first_path))
     base_full, *_ = _generate_together(llm, batch, [*requests, extra])
     results["base-with-every-lora-slot-taken"] = parity._compare_fp32(reference, batch, base_full)
     split = _split_qkv_adapter(config, workdir / "split-qkv")
-    try:
-        _generate(llm, batch[:1], LoRARequest("split-qkv", len(requests) + 2, str(split)))
-        split_error = None
-    except Exception as error:  # vLLM's error for the adapter is what is recorded
-        split_error = f"{type(error).__name__}: {error}"
+    split_error = _error_of(llm, batch[:1], LoRARequest("split-qkv", len(requests) + 2, str(split)))
     return {
         "vllm": vllm.__version__,
         "torch": torch.__version__,
