@@ -257,6 +257,19 @@ def load_weights(
     return stacked_loaded | set(rest_loaded)
 
 
+def quantized_checkpoint_names(
+    quant_config: Any, weights: Iterable[tuple[str, Any]]
+) -> Iterable[tuple[str, Any]]:
+    """``weights`` renamed and filtered the way ``quant_config``'s method reads a
+    checkpoint (``get_checkpoint_weight_mapper``; on vLLM 0.32 GPTQ drops ``g_idx``,
+    which its kernels do not take). Unchanged without quantization or where the
+    quantization config has no such hook."""
+    mapper_fn = getattr(quant_config, "get_checkpoint_weight_mapper", None)
+    if mapper_fn is None:
+        return weights
+    return mapper_fn().apply(weights)
+
+
 def tool_parser_base() -> type:
     """The ``ToolParser`` base class every registered parser must subclass."""
     return _abstract_tool_parser().ToolParser

@@ -37,7 +37,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
 )
-from vllm.model_executor.models.interfaces import SupportsPP
+from vllm.model_executor.models.interfaces import SupportsLoRA, SupportsPP
 from vllm.model_executor.models.utils import (
     PPMissingLayer,
     extract_layer_index,
@@ -55,6 +55,7 @@ from vllm_spark2_5_plugin.spark2_5_checkpoint import (
     checkpoint_folder,
     finite_check_requested,
     naming_damaged_files,
+    quantized_g_proj_error,
 )
 from vllm_spark2_5_plugin.spark2_5_config import SLIDING_ATTENTION, Spark2_5Config
 
@@ -301,16 +302,26 @@ class Spark2_5Model(nn.Module):
         return hidden_states
 
 
-class Spark2_5ForCausalLM(nn.Module, SupportsPP):
+class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
+    # Packed vLLM module -> the modules a PEFT adapter of the released model
+    # targets. That model's attention has one fused q_k_v_proj, so adapters
+    # carry one lora_A/lora_B pair for it; its MLP has gate_proj and up_proj.
+    # Every linear layer may be targeted, g_proj included: its delta adds to the
+    # gate logits before the activation, as merged weights would.
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
-        "q_k_v_proj": ["q_proj", "k_proj", "v_proj"],
+        "q_k_v_proj": ["q_k_v_proj"],
         "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+    embedding_modules: ClassVar[dict[str, str]] = {
+        "embedding": "input_embeddings",
+        "lm_head": "output_embeddings",
     }
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         config = vllm_config.model_config.hf_config
         self.config = config
+        self.quant_config = vllm_config.quant_config
         self.model = Spark2_5Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         if get_pp_group().is_last_rank:
             self.lm_head = ParallelLMHead(
@@ -357,6 +368,9 @@ class Spark2_5ForCausalLM(nn.Module, SupportsPP):
         skip_prefixes = ("lm_head.",) if self.config.tie_word_embeddings else ()
         ledger = _CheckpointLedger(self, skip_prefixes, self.tensor_checks)
         weights = naming_damaged_files(weights, self.checkpoint_folder)
+        # Tensors the quantization method does not load (GPTQ's g_idx) never reach
+        # the ledger.
+        weights = compat.quantized_checkpoint_names(self.quant_config, weights)
         loaded = compat.load_weights(
             self, ledger.track(weights), stacked=STACKED_PARAMS, skip_prefixes=skip_prefixes
         )
@@ -383,6 +397,14 @@ class _CheckpointLedger:
         self.skip_prefixes = skip_prefixes
         self.checks = checks
         self.params = dict(model.named_parameters())
+        # An attention layer's only parameters are KV-cache quantization scales,
+        # which default to 1 when a checkpoint has none.
+        self.optional = {
+            f"{module_name}.{param_name}"
+            for module_name, module in model.named_modules()
+            if isinstance(module, Attention)
+            for param_name, _ in module.named_parameters(recurse=False)
+        }
         self.filled: dict[str, dict[str | int, str]] = defaultdict(dict)
 
     def track(
@@ -397,6 +419,8 @@ class _CheckpointLedger:
                 if is_pp_missing_parameter(target, self.model):
                     self.checks.check_layout(name, tensor)
                     continue  # another pipeline stage loads it
+                if ".g_proj." in name and not name.endswith((".weight", ".bias")):
+                    raise quantized_g_proj_error(name)
                 raise Spark2_5CheckpointError(
                     f"Unexpected tensor {name!r} in the Spark2_5 checkpoint: "
                     f"{type(self.model).__name__} has no parameter {target!r} for it "
@@ -419,7 +443,7 @@ class _CheckpointLedger:
         missing = []
         for target in self.params:
             filled = self.filled.get(target, {})
-            if _WHOLE in filled:
+            if _WHOLE in filled or target in self.optional:
                 continue
             parts = _checkpoint_parts(target)
             if not parts:

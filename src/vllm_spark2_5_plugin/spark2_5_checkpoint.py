@@ -129,6 +129,8 @@ class TensorChecks:
         shape_key = _LAYER_PREFIX.sub("layers.", name)
         if not self._applies(shape_key):
             return
+        if not tensor.is_floating_point() and self.quantized and ".g_proj." in name:
+            raise quantized_g_proj_error(name)
         if not tensor.is_floating_point():
             raise Spark2_5CheckpointError(
                 f"Checkpoint tensor {name!r} has dtype {tensor.dtype}; Spark2_5 weights are "
@@ -162,6 +164,15 @@ class TensorChecks:
                 f"(of {tensor.numel()}); the model would compute NaN. The checkpoint is "
                 "damaged: re-download or re-export it"
             )
+
+
+def quantized_g_proj_error(name: str) -> Spark2_5CheckpointError:
+    """The error for a checkpoint tensor showing that g_proj was quantized."""
+    return Spark2_5CheckpointError(
+        f"Tensor {name!r}: this checkpoint quantizes g_proj, which Spark2_5 keeps in float "
+        "(g_proj.weight). Quantize it again with g_proj left out (compressed-tensors: add "
+        "'re:.*g_proj$' to 'ignore'; GPTQ: leave it out of 'modules_in_block_to_quantize')"
+    )
 
 
 def has_non_finite(tensor: torch.Tensor) -> bool:

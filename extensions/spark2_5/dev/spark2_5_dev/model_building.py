@@ -62,18 +62,23 @@ def parallel_rank(
         yield
 
 
-def build_model(checkpoint: Path, max_model_len: int = 128):
-    """``Spark2_5ForCausalLM`` for ``checkpoint``'s config, with a fresh vLLM config
-    (attention layers register their names in it, so one per model)."""
+def build_model(checkpoint: Path, max_model_len: int = 128, dtype: str = "float32"):
+    """``Spark2_5ForCausalLM`` for ``checkpoint``'s config (and its quantization
+    config, if any), with a fresh vLLM config (attention layers register their
+    names in it, so one per model)."""
     import torch
     from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
 
     from vllm_spark2_5_plugin.spark2_5 import Spark2_5ForCausalLM
 
     vllm_config = VllmConfig(
-        model_config=ModelConfig(
-            model=str(checkpoint), dtype="float32", max_model_len=max_model_len
-        )
+        model_config=ModelConfig(model=str(checkpoint), dtype=dtype, max_model_len=max_model_len)
     )
+    if vllm_config.quant_config is not None:
+        # As vLLM's model loader does: fused layers are matched through the model's
+        # packed_modules_mapping.
+        from vllm.model_executor.model_loader.utils import configure_quant_config
+
+        configure_quant_config(vllm_config.quant_config, Spark2_5ForCausalLM)
     with set_current_vllm_config(vllm_config), torch.device("cpu"):
         return Spark2_5ForCausalLM(vllm_config=vllm_config)
