@@ -180,3 +180,29 @@ def test_load_weights_loads_a_fused_qkv_with_no_shard_id(layer, request, api):
     assert compat.load_weights(layer, iter(fused.items()), stacked=STACKED_PARAMS) == LOADED
     torch.testing.assert_close(layer.self_attn.q_k_v_proj.weight.detach(), qkv, rtol=0, atol=0)
     torch.testing.assert_close(layer.mlp.gate_up_proj.weight.detach(), gate_up, rtol=0, atol=0)
+
+
+# --- LoRA and quantization hooks ------------------------------------------------------
+
+
+def test_vllm_sees_the_model_as_supporting_lora_and_pipeline_parallelism():
+    from vllm.model_executor.models.interfaces import supports_lora, supports_pp
+
+    from vllm_spark2_5_plugin.spark2_5 import Spark2_5ForCausalLM
+
+    assert supports_lora(Spark2_5ForCausalLM) and supports_pp(Spark2_5ForCausalLM)
+
+
+def test_quantized_checkpoint_names_follow_the_quantization_methods_mapper():
+    weights = [("a.qweight", 1), ("a.g_idx", 2)]
+
+    class DropsGIdx:
+        def get_checkpoint_weight_mapper(self):
+            return types.SimpleNamespace(
+                apply=lambda items: ((n, t) for n, t in items if not n.endswith(".g_idx"))
+            )
+
+    assert list(compat.quantized_checkpoint_names(DropsGIdx(), iter(weights))) == weights[:1]
+    # Without quantization, or a method without the hook (older releases): unchanged.
+    assert list(compat.quantized_checkpoint_names(None, iter(weights))) == weights
+    assert list(compat.quantized_checkpoint_names(object(), iter(weights))) == weights
