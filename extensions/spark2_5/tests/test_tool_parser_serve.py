@@ -13,7 +13,9 @@ import openai
 import pytest
 
 from carrier_harness.server import VllmServer, run_vllm_serve_expecting_failure
+from spark2_5_dev import tools
 from spark2_5_dev.carrier import clean_env
+from spark2_5_dev.tools import with_parameters
 
 pytestmark = pytest.mark.serve
 
@@ -25,42 +27,15 @@ SERVE_ARGS = [
     "--no-enable-prefix-caching",
 ]
 # Enums and booleans keep a random model's constrained arguments short.
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "enum": ["Paris", "Rome"]},
-                "metric": {"type": "boolean"},
-            },
-        },
-    },
-}
-TIME_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}},
-        },
-    },
-}
-STRICT_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "strict": True,
-        "parameters": {
-            "type": "object",
-            "properties": {"metric": {"type": "boolean"}},
-            "required": ["metric"],
-            "additionalProperties": False,
-        },
-    },
-}
+WEATHER_TOOL = with_parameters(
+    tools.WEATHER_TOOL,
+    {"city": {"type": "string", "enum": ["Paris", "Rome"]}, "metric": {"type": "boolean"}},
+)
+TIME_TOOL = with_parameters(tools.TIME_TOOL, {"zone": {"type": "string", "enum": ["UTC", "CET"]}})
+STRICT_TOOL = with_parameters(
+    tools.WEATHER_TOOL, {"metric": {"type": "boolean"}}, required=("metric",), strict=True
+)
+STRICT_TOOL["function"]["parameters"]["additionalProperties"] = False
 NAMED = {"type": "function", "function": {"name": "get_time"}}
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 

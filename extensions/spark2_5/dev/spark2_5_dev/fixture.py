@@ -27,33 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather forecast for a city.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "description": "City name"},
-                "days": {"type": "integer", "description": "Number of days"},
-            },
-            "required": ["city", "days"],
-        },
-    },
-}
-TIME_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "Current local time in a timezone.",
-        "parameters": {
-            "type": "object",
-            "properties": {"timezone": {"type": "string"}},
-            "required": ["timezone"],
-        },
-    },
-}
+from spark2_5_dev.tools import TIME_TOOL, WEATHER_TOOL
 
 
 def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
@@ -188,9 +162,10 @@ def inputs_hash() -> str:
 
     import spark2_5_dev.checkpoints as checkpoints
     import spark2_5_dev.reference as reference
+    import spark2_5_dev.tools as tools
 
     digest = hashlib.sha256()
-    for source in (__file__, reference.__file__, checkpoints.__file__):
+    for source in (__file__, reference.__file__, checkpoints.__file__, tools.__file__):
         digest.update(Path(source).read_bytes())
     digest.update(resources.files("spark2_5_dev").joinpath("chat_template.jinja").read_bytes())
     return digest.hexdigest()[:16]

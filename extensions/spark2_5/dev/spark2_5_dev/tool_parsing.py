@@ -11,25 +11,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spark2_5_dev import tools
 from spark2_5_dev.checkpoints import write_tokenizer
+from spark2_5_dev.tools import with_parameters
 from vllm_spark2_5_plugin import _registration, compat
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Weather forecast for a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string"},
-                "days": {"type": "integer"},
-                "metric": {"type": "boolean"},
-            },
-            "required": ["city"],
-        },
+# The fixture's get_weather with one more parameter type, city alone required.
+WEATHER_TOOL = with_parameters(
+    tools.WEATHER_TOOL,
+    {
+        "city": {"type": "string"},
+        "days": {"type": "integer"},
+        "metric": {"type": "boolean"},
     },
-}
+    required=("city",),
+)
 TYPED_TOOL = {
     "type": "function",
     "function": {
