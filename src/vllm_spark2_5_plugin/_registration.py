@@ -1,7 +1,17 @@
-"""What the enabled carrier registers with vLLM (imported only after the gate)."""
+"""What the enabled carrier registers with vLLM (imported only after the gate).
+
+Each piece goes into the vLLM registry that knows it: the config, the model
+architecture and the tool parser. A registry this process has already imported
+gets its piece right away (``vllm serve`` imports all three in every process
+before it loads plugins); any other gets it the moment vLLM imports it, before
+first use. The carrier itself never imports a registry, so enabling it costs a
+process no import that vLLM would not make anyway.
+"""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vllm_spark2_5_plugin import OVERRIDE_ENV, compat
@@ -13,66 +23,104 @@ MODEL_TARGET = "vllm_spark2_5_plugin.spark2_5:Spark2_5ForCausalLM"
 TOOL_PARSER_MODULE = "vllm_spark2_5_plugin.spark2_5_tool_parser"
 TOOL_PARSER_CLASS = "Spark25ToolParser"
 
+logger = logging.getLogger("vllm.spark2_5_plugin")
+
 
 @dataclass
 class RegistrationReport:
+    override: bool
     registered: list[str] = field(default_factory=list)
     stood_down: list[str] = field(default_factory=list)
     deferred: list[str] = field(default_factory=list)
 
-    def claim(self, item: str, host_has_it: bool, override: bool) -> bool:
+    def claim(self, item: str, host_has_it: bool) -> bool:
         """Whether to register ``item``: not where vLLM has it, unless overridden."""
-        if host_has_it and not override:
+        if host_has_it and not self.override:
             self.stood_down.append(item)
             return False
         self.registered.append(item)
         return True
 
     def load_line_details(self) -> list[str]:
-        details = [f"registered={','.join(self.registered) or 'nothing'}"]
+        details = [f"registered={','.join(self.registered) or 'nothing yet'}"]
         if self.deferred:
             details.append(
-                f"deferred={','.join(self.deferred)} (registered if this process loads "
-                "vLLM's tool parsers)"
+                f"deferred={','.join(self.deferred)} (registered when this process loads "
+                "those vLLM registries)"
             )
         if self.stood_down:
-            details.append(
-                f"stood_down={','.join(self.stood_down)} (vLLM already provides them; "
-                f"set {OVERRIDE_ENV}=1 to use this carrier's)"
-            )
+            details.append(f"stood_down={','.join(self.stood_down)} ({_stand_down_reason()})")
         return details
 
 
-def register_enabled(override: bool) -> RegistrationReport:
-    """Register config and architecture now; the tool parser where it is used.
+def _stand_down_reason() -> str:
+    return f"vLLM already provides them; set {OVERRIDE_ENV}=1 to use this carrier's"
 
-    Stands down where vLLM has an implementation, unless ``override``. The tool
-    parser registry is imported only by the processes that parse tool calls (the
-    API server), so the parser is registered when that registry loads, not here:
-    engine and worker processes never pay for importing it.
-    """
-    from vllm import ModelRegistry
 
+def _register_config(report: RegistrationReport) -> None:
     from vllm_spark2_5_plugin.spark2_5_config import Spark2_5Config
 
-    report = RegistrationReport()
-    if report.claim(f"config:{MODEL_TYPE}", MODEL_TYPE in compat.host_config_registry(), override):
+    if report.claim(f"config:{MODEL_TYPE}", MODEL_TYPE in compat.host_config_registry()):
         compat.register_config(MODEL_TYPE, Spark2_5Config)
-    if report.claim(
-        f"model:{ARCHITECTURE}", ARCHITECTURE in ModelRegistry.get_supported_archs(), override
-    ):
-        ModelRegistry.register_model(ARCHITECTURE, MODEL_TARGET)
 
-    parser = f"tool_parser:{TOOL_PARSER_NAME}"
-    waiting = RegistrationReport()
 
-    def register_parser() -> None:
-        if waiting.claim(parser, TOOL_PARSER_NAME in compat.registered_tool_parsers(), override):
-            compat.register_tool_parser(TOOL_PARSER_NAME, TOOL_PARSER_MODULE, TOOL_PARSER_CLASS)
+def _register_model(report: RegistrationReport) -> None:
+    registry = compat.model_registry()
+    if report.claim(f"model:{ARCHITECTURE}", ARCHITECTURE in registry.get_supported_archs()):
+        registry.register_model(ARCHITECTURE, MODEL_TARGET)
 
-    if compat.when_tool_parsers_load(register_parser):
-        report.registered += waiting.registered
-        report.stood_down += waiting.stood_down
-    else:
-        report.deferred.append(parser)
+
+def _register_tool_parser(report: RegistrationReport) -> None:
+    parsers = compat.registered_tool_parsers()
+    if report.claim(f"tool_parser:{TOOL_PARSER_NAME}", TOOL_PARSER_NAME in parsers):
+        compat.register_tool_parser(TOOL_PARSER_NAME, TOOL_PARSER_MODULE, TOOL_PARSER_CLASS)
+
+
+REGISTRATIONS: tuple[tuple[str, str, Callable[[RegistrationReport], None]], ...] = (
+    ("config", f"config:{MODEL_TYPE}", _register_config),
+    ("model", f"model:{ARCHITECTURE}", _register_model),
+    ("tool_parser", f"tool_parser:{TOOL_PARSER_NAME}", _register_tool_parser),
+)
+
+
+def _on_load(register: Callable[[RegistrationReport], None], override: bool) -> Callable[[], None]:
+    """``register`` for when its registry loads later: it runs inside vLLM's import of
+    that registry, so it logs what happens instead of raising into it."""
+
+    def run() -> None:
+        report = RegistrationReport(override)
+        try:
+            register(report)
+        except Exception as exc:
+            logger.error(
+                "vllm-spark2_5-plugin failed to register %s (%s: %s); vLLM continues without it",
+                register.__name__.removeprefix("_register_"),
+                type(exc).__name__,
+                exc,
+            )
+            return
+        if report.stood_down:
+            logger.info(
+                "vllm-spark2_5-plugin: %s stood down (%s)",
+                ",".join(report.stood_down),
+                _stand_down_reason(),
+            )
+
+    return run
+
+
+def register_enabled(override: bool) -> RegistrationReport:
+    """Register the config, architecture and tool parser, each when its registry loads.
+
+    Stands down where vLLM has an implementation, unless ``override``. A failure
+    while registering into an already loaded registry raises (the entry point
+    logs it); a later one is logged when it happens.
+    """
+    report = RegistrationReport(override)
+    for registry, item, register in REGISTRATIONS:
+        if compat.registry_loaded(registry):
+            register(report)
+        else:
+            compat.when_registry_loads(registry, _on_load(register, override))
+            report.deferred.append(item)
     return report

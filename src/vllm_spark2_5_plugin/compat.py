@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import logging
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -44,26 +44,31 @@ def tool_parser_manager() -> Any:
     return _abstract_tool_parser().ToolParserManager
 
 
-def when_tool_parsers_load(register: Callable[[], None]) -> bool:
-    """Run ``register`` once vLLM's tool-parser package (with its built-in parsers) is
-    imported in this process: now if it is (returns True), else on its import.
+# The module whose import completes each registry the carrier writes to. vLLM's
+# processes import only the registries they use (the tool-parser one in the API
+# server alone); the carrier registers into each when it loads.
+REGISTRY_MODULES = {
+    "config": ("vllm.transformers_utils.config",),
+    "model": ("vllm.model_executor.models.registry",),
+    "tool_parser": _TOOL_PARSER_PACKAGES,
+}
 
-    The package moved out of ``vllm.entrypoints.openai`` in Dec 2025. A failure
-    inside ``register`` is logged, never raised into vLLM's import.
-    """
 
-    def guarded(_module: object) -> None:
-        try:
-            register()
-        except Exception as exc:  # the import that triggered this must still succeed
-            logging.getLogger("vllm.spark2_5_plugin").error(
-                "vllm-spark2_5-plugin failed to register its tool parser (%s: %s); "
-                "vLLM continues without it",
-                type(exc).__name__,
-                exc,
-            )
+def registry_loaded(registry: str) -> bool:
+    """Whether this process has imported vLLM's ``registry`` (a ``REGISTRY_MODULES`` key)."""
+    return any(name in sys.modules for name in REGISTRY_MODULES[registry])
 
-    return deferred.after_import(_TOOL_PARSER_PACKAGES, guarded)
+
+def when_registry_loads(registry: str, register: Callable[[], None]) -> None:
+    """Run ``register`` right after this process imports vLLM's ``registry``, before
+    anything uses it. ``register`` must not raise: it runs inside that import."""
+    deferred.after_import(REGISTRY_MODULES[registry], lambda _module: register())
+
+
+def model_registry() -> Any:
+    """vLLM's ``ModelRegistry``, from its own module: ``from vllm import ModelRegistry``
+    fails while that module's package is still being imported."""
+    return importlib.import_module(REGISTRY_MODULES["model"][0]).ModelRegistry
 
 
 def registered_tool_parsers() -> set[str]:

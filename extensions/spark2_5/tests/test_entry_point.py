@@ -140,11 +140,23 @@ def test_enabled_register_registers_config_model_and_parser(env):
     assert "vllm_spark2_5_plugin.spark2_5" in report["model_target"]  # lazy "module:Class"
     (line,) = lines
     assert "enabled=1" in line
-    # This process had not loaded vLLM's tool parsers when the plugin ran: the parser
-    # waits for them, and is registered once they load (the report imports them).
-    assert "registered=config:spark2_5,model:Spark2_5ForCausalLM," in line
-    assert "deferred=tool_parser:spark25" in line
+    # This process had loaded none of vLLM's registries when the plugin ran: each
+    # piece waits for its registry and is registered when the report imports it.
+    assert "registered=nothing yet" in line
+    assert "deferred=config:spark2_5,model:Spark2_5ForCausalLM,tool_parser:spark25" in line
     assert "vllm=" in line and "verified=" in line
+
+
+REGISTRIES_FIRST = """
+    import vllm.model_executor.models.registry, vllm.tool_parsers, vllm.transformers_utils.config
+"""
+
+
+def test_registries_already_loaded_get_their_pieces_at_once():
+    report, (line,), _ = registration_report(REGISTRIES_FIRST, **{ENABLE_ENV: "1"})
+    assert report["arch"] and report["config"] and report["parser"]
+    assert "registered=config:spark2_5,model:Spark2_5ForCausalLM,tool_parser:spark25" in line
+    assert "deferred" not in line
 
 
 def test_disabled_register_leaves_vllm_registries_untouched():
@@ -160,6 +172,7 @@ def test_disabled_register_leaves_vllm_registries_untouched():
 
 
 IN_TREE_SPARK = """
+    import vllm.transformers_utils.config
     from vllm import ModelRegistry
     ModelRegistry.register_model("Spark2_5ForCausalLM", "in_tree_spark:Spark2_5ForCausalLM")
 """
@@ -170,7 +183,7 @@ def test_stands_down_when_vllm_already_provides_the_model():
     assert "in_tree_spark" in report["model_target"]
     assert "stood_down=model:Spark2_5ForCausalLM" in line
     assert OVERRIDE_ENV in line  # tells how to use the carrier's model instead
-    assert "registered=config:spark2_5," in line
+    assert "registered=config:spark2_5" in line
 
 
 def test_override_replaces_the_in_tree_model():
@@ -179,16 +192,28 @@ def test_override_replaces_the_in_tree_model():
     assert "stood_down" not in line
 
 
-def test_internal_failure_logs_one_error_and_never_raises():
-    broken = """
-        import vllm_spark2_5_plugin.compat as compat
-        def refuse(*args, **kwargs):
-            raise RuntimeError("config registry is read-only")
-        compat.register_config = refuse
-    """
-    report, lines, output = registration_report(broken, **{ENABLE_ENV: "1"})
+REFUSING_CONFIG_REGISTRY = """
+    import vllm_spark2_5_plugin.compat as compat
+    def refuse(*args, **kwargs):
+        raise RuntimeError("config registry is read-only")
+    compat.register_config = refuse
+"""
+
+
+def test_a_failure_at_plugin_load_logs_one_error_and_never_raises():
+    prelude = REFUSING_CONFIG_REGISTRY + "    import vllm.transformers_utils.config\n"
+    report, lines, output = registration_report(prelude, **{ENABLE_ENV: "1"})
     assert lines == []
     assert not report["arch"]  # nothing registered after the failure
     (error,) = [ln for ln in output.splitlines() if ln.startswith("ERROR")]
     assert "RuntimeError: config registry is read-only" in error
     assert "Fix:" in error and ENABLE_ENV in error
+
+
+def test_a_failure_when_a_registry_loads_later_is_logged_and_the_rest_registers():
+    report, (line,), output = registration_report(REFUSING_CONFIG_REGISTRY, **{ENABLE_ENV: "1"})
+    assert "enabled=1" in line and "deferred=config:spark2_5," in line
+    assert report["arch"] and report["parser"] and not report["config"]
+    (error,) = [ln for ln in output.splitlines() if ln.startswith("ERROR")]
+    assert "failed to register config" in error
+    assert "RuntimeError: config registry is read-only" in error
