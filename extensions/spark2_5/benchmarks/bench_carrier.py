@@ -5,11 +5,13 @@
    entry point pulled in (it must pull in none). Once in a bare interpreter,
    where the import also loads ``logging``, and once with the standard-library
    modules it shares with every vLLM process already imported.
-2. vLLM's own plugin-loading step (``vllm.plugins.load_general_plugins``) in a
-   process that has imported ``vllm``, as every vLLM process does: carrier
-   enabled, disabled, and excluded by ``VLLM_PLUGINS``; fresh interpreters,
-   alternating.
-3. ``vllm serve`` start-to-healthy on a tiny in-tree Llama with the carrier
+2. ``register()`` enabled and disabled in a process that has imported vLLM's
+   config, model and tool-parser registries, as every ``vllm serve`` process
+   has when it loads plugins: what enabling costs there, alternating.
+3. vLLM's own plugin-loading step (``vllm.plugins.load_general_plugins``) in a
+   process that has imported ``vllm`` only: carrier enabled, disabled, and
+   excluded by ``VLLM_PLUGINS``; fresh interpreters, alternating.
+4. ``vllm serve`` start-to-healthy on a tiny in-tree Llama with the carrier
    disabled, excluded by ``VLLM_PLUGINS``, and enabled, in rotation.
 
     python extensions/spark2_5/benchmarks/bench_carrier.py [--quick] [--out PATH.json]
@@ -114,6 +116,30 @@ def _entry_point_runs(repeats: int, prelude: str) -> dict[str, Any]:
     }
 
 
+# What every `vllm serve` process (API server, engine core, worker) has imported by
+# the time it loads its general plugins (seen in vLLM 0.32's serve log).
+SERVE_PROCESS_REGISTRIES = (
+    "import vllm.model_executor.models.registry, vllm.transformers_utils.config, vllm.tool_parsers"
+)
+
+
+def run_register_in_a_serve_process(repeats: int) -> dict[str, Any]:
+    print("\n== register() after vLLM's registries are imported, enabled vs disabled", flush=True)
+    code = ENTRY_POINT_PROBE.replace("PRELUDE", SERVE_PROCESS_REGISTRIES)
+    variants = {"enabled": _clean_env(**{ENABLE_ENV: "1"}), "disabled": _clean_env()}
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    for index in range(repeats):
+        for name in list(variants)[:: 1 if index % 2 == 0 else -1]:
+            elapsed = _probe(code, variants[name])["total_ms"]
+            samples[name].append(elapsed)
+            print(f"  {name:9s} {elapsed:8.2f} ms", flush=True)
+    summary = {name: spread(values) for name, values in samples.items()}
+    return {
+        "variants": summary,
+        "enabled_minus_disabled_ms": summary["enabled"]["median"] - summary["disabled"]["median"],
+    }
+
+
 def run_plugin_loading(repeats: int) -> dict[str, Any]:
     print("\n== vllm.plugins.load_general_plugins() after `import vllm`", flush=True)
     variants = {
@@ -179,17 +205,16 @@ def main() -> int:
     parser = base_parser(__doc__.split("\n\n")[0])
     args = parser.parse_args()
     repeats = (
-        {"entry": 5, "loading": 3, "serve": 2}
+        {"entry": 5, "in_serve_process": 5, "loading": 3, "serve": 2}
         if args.quick
-        else {
-            "entry": 15,
-            "loading": 7,
-            "serve": 4,
-        }
+        else {"entry": 15, "in_serve_process": 15, "loading": 7, "serve": 4}
     )
     record = Record("carrier", {"repeats": repeats, "excluded_with": OTHER_GENERAL_PLUGINS})
     results = record.data["results"]
     results["register_disabled"] = run_entry_point(repeats["entry"])
+    results["register_in_a_serve_process"] = run_register_in_a_serve_process(
+        repeats["in_serve_process"]
+    )
     results["load_general_plugins"] = run_plugin_loading(repeats["loading"])
     results["serve_start"] = run_serve_start(repeats["serve"])
     print_report(results)
@@ -207,6 +232,18 @@ def print_report(results: dict[str, Any]) -> None:
         ]
         rows.append((context, *timings, ", ".join(entry["heavy_modules_imported"]) or "none"))
     print(table(("context", "import", "register()", "total", "heavy modules imported"), rows))
+    in_serve = results["register_in_a_serve_process"]
+    print("\nregister() where vLLM's registries are already imported (fresh interpreters, ms):")
+    print(
+        table(
+            ("carrier", "median", "min-max"),
+            [
+                (name, s["median"], f"{s['min']:.2f}-{s['max']:.2f}")
+                for name, s in in_serve["variants"].items()
+            ],
+        )
+    )
+    print(f"enabled minus disabled: {in_serve['enabled_minus_disabled_ms']:.2f} ms")
     loading = results["load_general_plugins"]
     excluded = loading["excluded by VLLM_PLUGINS"]["median"]
     print("\nvLLM's load_general_plugins() after `import vllm` (median ms, vs excluded):")

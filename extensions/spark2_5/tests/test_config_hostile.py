@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
 from spark2_5_dev.model_building import build_model, vllm_model_env
 from spark2_5_dev.spark_x25_4b import SPARK_X25_4B_CONFIG
+from vllm_spark2_5_plugin import spark2_5_config
 from vllm_spark2_5_plugin.spark2_5_config import (
     FULL_ATTENTION,
     SLIDING_ATTENTION,
@@ -271,17 +272,7 @@ JSON_VALUES = st.recursive(
 )
 NOT_NULL = JSON_VALUES.filter(lambda v: v is not None)
 
-SIZE_KEYS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "max_position_embeddings",
-    "sliding_window",
-)
+SIZE_KEYS = (*spark2_5_config.SIZE_KEYS, "sliding_window")
 FLAG_KEYS = ("headwise_attn_output_gate", "tie_word_embeddings", "attention_bias", "mlp_bias")
 
 

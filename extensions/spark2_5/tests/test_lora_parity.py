@@ -11,25 +11,13 @@ from __future__ import annotations
 import pytest
 
 from spark2_5_dev import lora, lora_parity, parity
-from spark2_5_dev.drivers import run_driver
+from spark2_5_dev.drivers import assert_matches_reference, run_driver
 
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory: pytest.TempPathFactory) -> dict:
     workdir = tmp_path_factory.mktemp("lora-parity")
     return run_driver("spark2_5_dev.lora_parity", [], workdir, timeout=1200, name="lora-parity")
-
-
-def assert_matches_reference(result: dict) -> None:
-    for prompt in result["prompts"]:
-        assert prompt["new_tokens"] == parity.NEW_TOKENS
-        assert prompt["tokens_match"], (
-            f"prompt of {prompt['prompt_len']} tokens diverges at new token "
-            f"{prompt['first_mismatch']}: vLLM {prompt['vllm_tokens']} "
-            f"vs reference {prompt['reference_tokens']} (closest greedy tie in the "
-            f"reference: {prompt['min_greedy_margin']:.1e})"
-        )
-    assert result["max_abs_logprob_diff"] <= parity.FP32_LOGPROB_TOLERANCE
 
 
 @pytest.mark.parametrize("adapter", list(lora_parity.ADAPTERS))

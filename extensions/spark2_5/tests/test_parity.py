@@ -16,7 +16,7 @@ from carrier_harness.server import VllmServer
 from spark2_5_dev import parity
 from spark2_5_dev.carrier import ENABLE_ENV
 from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
-from spark2_5_dev.drivers import run_driver
+from spark2_5_dev.drivers import assert_matches_reference, run_driver
 
 FP32_CASES = [case.name for case in parity.CASES if case.dtype == "float32"]
 BF16_CASES = [case.name for case in parity.CASES if case.dtype == "bfloat16"]
@@ -37,15 +37,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 def test_float32_greedy_tokens_and_logprobs_match_the_reference(matrix, name):
     case = matrix[1]["cases"][name]
     assert len(case["prompts"]) == len(parity.PROMPT_LENGTHS)
-    for prompt in case["prompts"]:
-        assert prompt["new_tokens"] >= 32
-        assert prompt["tokens_match"], (
-            f"prompt of {prompt['prompt_len']} tokens diverges at new token "
-            f"{prompt['first_mismatch']}: vLLM {prompt['vllm_tokens']} "
-            f"vs reference {prompt['reference_tokens']} (closest greedy tie in the "
-            f"reference: {prompt['min_greedy_margin']:.1e})"
-        )
-    assert case["max_abs_logprob_diff"] <= parity.FP32_LOGPROB_TOLERANCE
+    assert_matches_reference(case)
 
 
 @pytest.mark.parametrize("name", BF16_CASES)

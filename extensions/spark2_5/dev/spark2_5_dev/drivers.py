@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from spark2_5_dev.parity import ENGINE_ENV
+from spark2_5_dev.parity import ENGINE_ENV, FP32_LOGPROB_TOLERANCE, NEW_TOKENS
 
 
 def run_driver(
@@ -39,3 +39,17 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return next(
         (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b))
     )
+
+
+def assert_matches_reference(result: dict[str, Any]) -> None:
+    """A float32 parity result: every prompt's greedy tokens are the reference's and
+    the log-probs within ``FP32_LOGPROB_TOLERANCE``."""
+    for prompt in result["prompts"]:
+        assert prompt["new_tokens"] >= NEW_TOKENS
+        assert prompt["tokens_match"], (
+            f"prompt of {prompt['prompt_len']} tokens diverges at new token "
+            f"{prompt['first_mismatch']}: vLLM {prompt['vllm_tokens']} "
+            f"vs reference {prompt['reference_tokens']} (closest greedy tie in the "
+            f"reference: {prompt['min_greedy_margin']:.1e})"
+        )
+    assert result["max_abs_logprob_diff"] <= FP32_LOGPROB_TOLERANCE
