@@ -11,11 +11,11 @@ written.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 
 from vllm_hust_bundle_kit.contract import ACTIVE, ENABLED_BUNDLES_ENVS, MANIFEST_FILENAMES
 
@@ -146,15 +146,25 @@ class CarrierGate:
 
 
 def _read_manifest(package: str) -> dict:
+    """The package's rendered manifest, found the way the manager finds it: the one
+    manifest file in the package's folder (located without importing its code,
+    which ``importlib.resources`` would do, with more imports besides)."""
     try:
-        folder = resources.files(package)
-        found = [folder / name for name in MANIFEST_FILENAMES if (folder / name).is_file()]
+        spec = importlib.util.find_spec(package)
+        folders = list(spec.submodule_search_locations or ()) if spec else []
+        found = [
+            os.path.join(folder, name)
+            for folder in folders
+            for name in MANIFEST_FILENAMES
+            if os.path.isfile(os.path.join(folder, name))
+        ]
         if len(found) != 1:
             raise GateError(
                 f"package {package} holds {len(found)} of {', '.join(MANIFEST_FILENAMES)}; "
                 "it must hold exactly one (reinstall the distribution)"
             )
-        manifest = json.loads(found[0].read_text(encoding="utf-8"))
+        with open(found[0], encoding="utf-8") as file:
+            manifest = json.load(file)
     except (ImportError, OSError, ValueError, RecursionError) as exc:
         if isinstance(exc, GateError):
             raise

@@ -43,7 +43,7 @@ CARRIER_SWITCHES = (ENABLE_ENV, *ENABLED_BUNDLES_ENVS, "VLLM_PLUGINS")
 
 # Standard-library modules of the entry point that any vLLM process has loaded
 # long before it loads plugins.
-VLLM_PROCESS_STDLIB = "import dataclasses, logging"
+VLLM_PROCESS_STDLIB = "import dataclasses, importlib.util, json, logging"
 # Runs in a fresh interpreter after PRELUDE; prints one JSON line last.
 ENTRY_POINT_PROBE = f"""
 import json, sys, time
