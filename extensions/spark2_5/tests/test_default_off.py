@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from carrier_harness.logs import lines_by_pid, pid_logging_env
+from carrier_harness.project import PROJECT_ROOT
 from carrier_harness.server import VllmServer, run_vllm_serve_expecting_failure
 from spark2_5_dev.carrier import BUNDLE_ID, ENABLE_ENV, LOAD_LINE, clean_env
 
@@ -85,8 +86,14 @@ def test_disabled_carrier_cannot_serve_spark2_5_and_says_how_to_enable(spark_cha
     output = result.stdout + result.stderr
     assert result.returncode != 0
     # Without the carrier vLLM does not know model_type spark2_5 and stops at the
-    # checkpoint's remote-code pointer; the carrier's load line names the real fix.
-    assert "trust_remote_code" in output
+    # checkpoint's remote-code pointer (as the README's troubleshooting quotes); the
+    # carrier's load line names the real fix.
+    readme = " ".join((PROJECT_ROOT / "README.md").read_text(encoding="utf-8").split())
+    for quoted in (
+        "contains custom code which must be executed",
+        "Please pass the argument `trust_remote_code=True` to allow custom code to be run.",
+    ):
+        assert quoted in output and quoted in readme
     (line,) = [ln for ln in output.splitlines() if "vllm-spark2_5-plugin loaded" in ln]
     assert "enabled=0" in line
     assert f"{ENABLE_ENV}=1" in line and BUNDLE_ID in line

@@ -12,6 +12,7 @@ import json
 import openai
 import pytest
 
+from carrier_harness.project import PROJECT_ROOT
 from carrier_harness.server import VllmServer, run_vllm_serve_expecting_failure
 from spark2_5_dev import tools
 from spark2_5_dev.carrier import clean_env
@@ -36,6 +37,7 @@ STRICT_TOOL = with_parameters(
     tools.WEATHER_TOOL, {"metric": {"type": "boolean"}}, required=("metric",), strict=True
 )
 STRICT_TOOL["function"]["parameters"]["additionalProperties"] = False
+README = PROJECT_ROOT / "README.md"
 NAMED = {"type": "function", "function": {"name": "get_time"}}
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
@@ -158,15 +160,23 @@ def test_forced_tool_choice_on_a_server_that_cannot_constrain_is_a_400(tiny_llam
         assert complete(client, **request_args(client, [WEATHER_TOOL], "auto", max_tokens=4))
 
 
-def test_misspelled_parser_name_is_refused_with_the_right_name_listed(tiny_llama):
+@pytest.mark.parametrize(
+    ("parser", "enabled"), [("spark2_5", "1"), ("spark25", "0")], ids=["misspelled", "disabled"]
+)
+def test_an_unknown_parser_name_is_refused_as_the_readme_quotes(tiny_llama, parser, enabled):
+    """Misspelled, vLLM lists the right name; with the carrier off, the README's
+    troubleshooting quotes exactly what vLLM says."""
     result = run_vllm_serve_expecting_failure(
         tiny_llama,
-        ["--enable-auto-tool-choice", "--tool-call-parser", "spark2_5"],
-        env=clean_env(SPARK2_5_PLUGIN_ENABLE="1"),
+        ["--enable-auto-tool-choice", "--tool-call-parser", parser],
+        env=clean_env(SPARK2_5_PLUGIN_ENABLE=enabled),
     )
     output = result.stdout + result.stderr
     assert result.returncode != 0
     (line,) = [line for line in output.splitlines() if "invalid tool call parser" in line]
-    assert "invalid tool call parser: spark2_5 (chose from {" in line
+    refusal = f"invalid tool call parser: {parser} (chose from {{"
+    assert refusal in line
     choices = line.split("(chose from {", 1)[1].rsplit("}", 1)[0]
-    assert "spark25" in {name.strip() for name in choices.split(",")}
+    assert ("spark25" in {name.strip() for name in choices.split(",")}) is (enabled == "1")
+    if enabled == "0":
+        assert f"`KeyError: '{refusal}" in " ".join(README.read_text(encoding="utf-8").split())
