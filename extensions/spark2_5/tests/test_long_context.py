@@ -142,8 +142,8 @@ def test_vllm_rope_rotates_like_the_reference_at_every_position_to_32k(record_pr
 def test_reference_attention_in_query_blocks_is_attention_over_the_whole_prompt(monkeypatch):
     import torch
 
+    from spark2_5_dev import reference
     from spark2_5_dev.checkpoints import random_spark2_5, spark2_5_config_dict
-    from vllm_spark2_5_plugin import reference
 
     model = random_spark2_5(spark2_5_config_dict(sliding_window=8), seed=1).eval()
     prompt = torch.randint(3, 320, (300,), generator=torch.Generator().manual_seed(0))
