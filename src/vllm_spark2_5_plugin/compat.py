@@ -344,8 +344,8 @@ def find_tool_name(tools: Sequence[Any] | None, name: str) -> bool:
     return any(tool_name == name for tool_name, _ in _function_tools(tools))
 
 
-def function_tool_names(tools: Sequence[Any] | None) -> list[str]:
-    """The names of the function tools in a request's ``tools``, as
+def function_tools(tools: Sequence[Any] | None) -> list[tuple[str, Any]]:
+    """``(name, parameters)`` of the function tools in a request's ``tools``, as
     :func:`find_tool_name` knows them.
 
     Uses ``vllm.tool_parsers.utils.get_function_tools`` where it exists (it
@@ -355,9 +355,15 @@ def function_tool_names(tools: Sequence[Any] | None) -> list[str]:
     if not tools:
         return []
     host_list = getattr(_tool_parser_utils(), "get_function_tools", None)
-    if host_list is not None:
-        return [getattr(tool, "function", tool).name for tool in host_list(tools)]
-    return [name for name, _ in _function_tools(tools)]
+    if host_list is None:
+        return list(_function_tools(tools))
+    functions = [getattr(tool, "function", tool) for tool in host_list(tools)]
+    return [(function.name, function.parameters) for function in functions]
+
+
+def function_tool_names(tools: Sequence[Any] | None) -> list[str]:
+    """The names of the function tools in a request's ``tools`` (:func:`function_tools`)."""
+    return [name for name, _ in function_tools(tools)]
 
 
 def find_tool_properties(tools: Sequence[Any] | None, name: str) -> dict[str, Any]:

@@ -30,7 +30,9 @@ from spark2_5_dev.tool_parsing import (
 from vllm_spark2_5_plugin import compat
 from vllm_spark2_5_plugin.spark2_5_tool_parser import (
     MAX_IDENTIFIER_CHARS,
+    MAX_SCHEMA_DEPTH,
     Spark25ToolParser,
+    check_tools,
     value_json,
 )
 
@@ -451,6 +453,97 @@ def test_forced_tool_choice_without_structural_tags_is_a_clear_400(tokenizer, mo
     monkeypatch.setattr(Spark25ToolParser, "structural_tag_model", None)
     with pytest.raises(VLLMValidationError, match=r"named tool 'get_weather'.*upgrade vLLM"):
         composed_parser(tokenizer).adjust_request(chat_request(tool_choice=NAMED))
+
+
+def tool_with(name: str = "f", parameters: Any = None) -> dict[str, Any]:
+    function = {"name": name, **({} if parameters is None else {"parameters": parameters})}
+    return {"type": "function", "function": function}
+
+
+def refusal(tokenizer, tools, tool_choice="auto"):
+    """The 400 ``vllm serve`` answers a request declaring ``tools`` with: the serving
+    layer's parser refuses it before the request reaches the engine."""
+    from vllm.exceptions import VLLMValidationError
+
+    with pytest.raises(VLLMValidationError) as error:
+        composed_parser(tokenizer).adjust_request(chat_request(tools, tool_choice=tool_choice))
+    assert error.value.parameter == "tools"
+    return str(error.value)
+
+
+@pytest.mark.parametrize("name", ["", "get weather", "get\nweather", "f<tool_call>", "a</arg_key>"])
+@pytest.mark.parametrize("tool_choice", ["auto", "required"])
+def test_a_tool_no_spark_call_can_name_is_a_400(tokenizer, name, tool_choice):
+    """vLLM took these: the model saw a tool it could not call, and
+    ``tool_choice="required"`` ended with no call and a 200."""
+    message = refusal(tokenizer, [tool_with(name, {"type": "object"})], tool_choice)
+    assert f"function name {json.dumps(name)}" in message and "Fix: name the tool" in message
+
+
+@pytest.mark.parametrize(
+    ("parameters", "place"),
+    [
+        ({"type": "nonsense"}, 'at $.type, "nonsense" is not one of array, boolean'),
+        ({"type": ["string", "int"]}, 'at $.type, ["string", "int"] is not one of'),
+        ({"type": "object", "properties": "x"}, 'at $.properties, "x" is not an object of'),
+        ({"properties": {"a": {"required": True}}}, "at $.properties.a.required, true is not"),
+        ({"type": "object", "required": "city"}, 'at $.required, "city" is not an array'),
+        ({"properties": {"a b": {"enum": "x"}}}, 'at $.properties["a b"].enum, "x" is not an'),
+        ({"anyOf": []}, "at $.anyOf, [] is not a non-empty array of schemas"),
+        ({"items": [{"type": "string"}, 5]}, "at $.items[1], 5 is not a schema (an object)"),
+        ({"$defs": {"x": {"not": {"type": 1}}}}, 'at $["$defs"].x.not.type, 1 is not one of'),
+    ],
+)
+@pytest.mark.parametrize("tool_choice", ["auto", "required"])
+def test_parameters_that_are_not_a_json_schema_are_a_400_naming_the_place(
+    tokenizer, parameters, place, tool_choice
+):
+    """vLLM took these under ``auto``; forced, they failed in the engine as
+    "Invalid grammar specification: 'triggers'", in a stream after its 200."""
+    message = refusal(tokenizer, [WEATHER_TOOL, tool_with("f", parameters)], tool_choice)
+    assert 'parameters of function "f" are not a usable JSON Schema' in message
+    assert place in message and "Fix: correct the schema there" in message
+
+
+def test_what_a_refusal_echoes_is_cut_short(tokenizer):
+    name, value = "x " * 5000, "v" * 100_000
+    assert len(refusal(tokenizer, [tool_with(name)])) < 500
+    assert len(refusal(tokenizer, [tool_with("f", {"type": value})])) < 500
+
+
+def nested_schema(levels: int, keyword: str = "items") -> dict[str, Any]:
+    """A schema whose objects nest ``levels`` deep, one schema level per object."""
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels - 1):
+        schema = {keyword: schema}
+    return schema
+
+
+@pytest.mark.parametrize("keyword", ["items", "not"])
+def test_parameter_schemas_nest_at_most_max_schema_depth_levels(tokenizer, keyword):
+    check_tools(
+        chat_request(tools=[tool_with("f", nested_schema(MAX_SCHEMA_DEPTH, keyword))]).tools
+    )
+    deeper = [tool_with("f", nested_schema(MAX_SCHEMA_DEPTH + 1, keyword))]
+    assert f"more than {MAX_SCHEMA_DEPTH} levels deep" in refusal(tokenizer, deeper)
+
+
+def test_valid_tools_pass_as_they_are():
+    request = chat_request(
+        tools=[
+            *TOOLS,
+            tool_with("no_parameters"),
+            tool_with("draft_4", {"$schema": "http://json-schema.org/draft-04/schema#"}),
+            tool_with(
+                "名前.v2", {"type": "object", "properties": {}, "additionalProperties": False}
+            ),
+            tool_with("pair", {"type": "array", "items": [{"type": "string"}, True]}),
+            tool_with("refs", {"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a"}),
+        ]
+    )
+    tools = json.loads(json.dumps([tool.model_dump() for tool in request.tools]))
+    check_tools(request.tools)
+    assert [tool.model_dump() for tool in request.tools] == tools
 
 
 # --- reasoning parsers ---------------------------------------------------------------------

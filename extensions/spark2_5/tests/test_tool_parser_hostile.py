@@ -28,7 +28,9 @@ from vllm_spark2_5_plugin.spark2_5_tool_parser import (
     MAX_IDENTIFIER_CHARS,
     MAX_INTEGER_DIGITS,
     MAX_JSON_DEPTH,
+    MAX_SCHEMA_DEPTH,
     Spark25ToolParser,
+    check_tools,
     schema_types,
     value_json,
 )
@@ -253,10 +255,13 @@ def test_function_tool_names_with_and_without_vllms_helper(monkeypatch):
 
     request = chat_request(tools=[*TOOLS, tool_named("x" * 300)])
     names = ["get_weather", "typed", "x" * 300]
+    schemas = [tool["function"]["parameters"] for tool in [*TOOLS, tool_named("x")]]
     assert compat.function_tool_names(request.tools) == names
+    assert [schema for _, schema in compat.function_tools(request.tools)] == schemas
     assert compat.function_tool_names(None) == []
     monkeypatch.delattr(utils, "get_function_tools")
     assert compat.function_tool_names(request.tools) == names
+    assert [schema for _, schema in compat.function_tools(request.tools)] == schemas
 
 
 # --- properties over hostile values ------------------------------------------------------
@@ -451,3 +456,82 @@ def test_hostile_output_streams_as_it_parses_and_keeps_every_value_exact(tokeniz
     assert [name for name, _ in parsed.calls] == [name for name, _ in calls]
     for (_, arguments), (_, pairs) in zip(parsed.calls, calls, strict=True):
         check_arguments(arguments, pairs)
+
+
+# --- hostile tool declarations ---------------------------------------------------------
+
+SCHEMA_KEYWORDS = ["type", "properties", "items", "required", "enum", "anyOf", "not", "$defs"]
+schema_keys = st.one_of(
+    st.sampled_from([*SCHEMA_KEYWORDS, "additionalProperties", "description", "$ref", "a b"]),
+    st.text(max_size=6),
+)
+json_leaves = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from(["object", "string", "integer", "array", "null", "nonsense", ""]),
+    st.text(max_size=8),
+)
+json_values = st.recursive(
+    json_leaves,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(schema_keys, children, max_size=4)
+    ),
+    max_leaves=40,
+)
+
+
+def wrapped(schema: dict, keyword: str, times: int) -> dict:
+    for _ in range(times):
+        schema = {keyword: schema}
+    return schema
+
+
+parameter_schemas = st.one_of(
+    st.dictionaries(schema_keys, json_values, max_size=6),
+    st.builds(
+        wrapped,
+        st.dictionaries(schema_keys, json_values, max_size=3),
+        st.sampled_from(["items", "not", "additionalProperties"]),
+        st.integers(1, 3 * MAX_SCHEMA_DEPTH),
+    ),
+)
+declared_names = st.one_of(
+    st.text(max_size=20),
+    st.sampled_from(["get_weather", "", "get weather", "<tool_call>", "x</arg_value>", "a<b"]),
+    st.builds(lambda name: name + "<tool_ca", st.text(max_size=5)),
+)
+
+
+def nesting_depth(value) -> int:
+    """How many levels objects and arrays nest in ``value`` (0 for a scalar)."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    if not isinstance(value, list):
+        return 0
+    return 1 + max(map(nesting_depth, value), default=0)
+
+
+@hostile_settings(500)
+@given(declared_names, parameter_schemas)
+def test_any_tool_declaration_is_callable_or_a_named_400(tokenizer, name, parameters):
+    """What ``check_tools`` (run by ``adjust_request`` before vLLM builds a grammar)
+    lets through can be called by name, streamed or not; what it stops is a 400
+    naming the tool, short and with the fix, never another exception."""
+    from vllm.exceptions import VLLMValidationError
+
+    request = chat_request(
+        tools=[{"type": "function", "function": {"name": name, "parameters": parameters}}]
+    )
+    try:
+        check_tools(request.tools)
+    except VLLMValidationError as error:
+        message = str(error)
+        assert error.parameter == "tools" and "Fix:" in message and len(message) < 1000
+        assert message.startswith("tools: the ")
+        return
+    assert name and not any(c.isspace() for c in name)
+    assert nesting_depth(parameters) <= MAX_SCHEMA_DEPTH
+    call = f"<tool_call>{name}</tool_call>"
+    assert parse_both_ways(tokenizer, call, request) == Parsed(None, [(name, "{}")])

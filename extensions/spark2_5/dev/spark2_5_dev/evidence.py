@@ -1,8 +1,9 @@
 """The Spark2_5 carrier's evidence plan (run by ``scripts/evidence spark2_5``).
 
 - ``default-off.json``: the default-off smoke and entry-point purity tests;
-- ``correctness.json``: the parity matrix against the reference, and the
-  end-to-end tool-calling tests through ``vllm serve``;
+- ``correctness.json``: the parity matrix against the reference, the
+  end-to-end tool-calling tests through ``vllm serve``, and the serving soak
+  (:mod:`spark2_5_dev.soak`: load, hung-up streams, malformed requests);
 - ``quick-perf-*.json``: the benchmark scripts' quick runs.
 """
 
@@ -31,12 +32,33 @@ def _parity(workdir: Path) -> dict[str, Any]:
     return {"command": f"python -m {module}", "exit_code": 0, **json.loads(out.read_text())}
 
 
+def _soak(workdir: Path) -> dict[str, Any]:
+    out = workdir / "soak.json"
+    module = "spark2_5_dev.soak"
+    result = run([PYTHON, "-m", module, "--out", str(out)])
+    record = json.loads(out.read_text()) if out.exists() else {}
+    record.pop("environment", None)  # the same as the evidence's own
+    return {"command": f"python -m {module}", **record, "exit_code": result.returncode}
+
+
 def correctness(workdir: Path) -> dict[str, Any]:
     (workdir / "e2e").mkdir()
     return {
         "parity": _parity(workdir),
         "end_to_end": pytest_record([f"{HERE}/tests/test_e2e_serve.py"], workdir / "e2e"),
+        "soak": _soak(workdir),
     }
+
+
+def _soak_row(soak: dict[str, Any]) -> str:
+    requests = sum(soak.get("requests", {}).values())
+    peak = soak.get("passes", {}).get("measured", {}).get("peak_in_flight", 0)
+    growth = soak.get("rss_growth", float("nan"))
+    return (
+        f"| serving soak via `vllm serve` | {verdict(soak['exit_code'] == 0)}: {requests} "
+        f"requests ({peak} at once), {len(soak.get('failures', []))} failures, RSS "
+        f"{growth:+.2%} after the measured pass | `correctness.json` |"
+    )
 
 
 def correctness_rows(record: dict[str, Any]) -> list[str]:
@@ -47,6 +69,7 @@ def correctness_rows(record: dict[str, Any]) -> list[str]:
         f"difference {worst:.2e} | `correctness.json` |",
         f"| tool calling via `vllm serve` | {verdict(e2e['exit_code'] == 0)}: {e2e['passed']} "
         f"passed, {e2e['failed']} failed | `correctness.json` |",
+        _soak_row(record["soak"]),
     ]
 
 
