@@ -4,8 +4,6 @@ against a stand-in with the API shape of an older release."""
 from __future__ import annotations
 
 import dataclasses
-import re
-import sys
 import types
 from dataclasses import field
 
@@ -30,22 +28,6 @@ def test_attention_comes_from_its_current_module():
     assert compat.attention_cls() is Attention
 
 
-def test_attention_falls_back_to_the_older_module(monkeypatch):
-    class OldAttention:
-        pass
-
-    moved_away = types.ModuleType("vllm.model_executor.layers.attention")
-    old_home = types.ModuleType("vllm.attention")
-    old_home.Attention = OldAttention
-    monkeypatch.setitem(sys.modules, "vllm.model_executor.layers.attention", moved_away)
-    monkeypatch.setitem(sys.modules, "vllm.attention", old_home)
-    assert compat.attention_cls() is OldAttention
-
-    del old_home.Attention
-    with pytest.raises(ImportError, match=re.escape("vllm.attention: no Attention")):
-        compat.attention_cls()
-
-
 # --- get_rope signature ---------------------------------------------------------------
 
 
@@ -60,34 +42,6 @@ def test_get_rope_with_rope_parameters_builds_a_partial_neox_cache():
     assert rope.is_neox_style
     assert rope.base == 1e4
     assert tuple(rope.cos_sin_cache.shape) == (100, 8)
-
-
-def test_get_rope_with_the_older_positional_signature(monkeypatch):
-    calls = []
-
-    def old_get_rope(
-        head_size,
-        rotary_dim,
-        max_position,
-        base,
-        is_neox_style=True,
-        rope_scaling=None,
-        dtype=None,
-        partial_rotary_factor=1.0,
-    ):
-        calls.append(
-            (head_size, rotary_dim, max_position, base, is_neox_style, partial_rotary_factor)
-        )
-        return "rope"
-
-    monkeypatch.setattr(
-        compat, "_rotary_embedding_module", lambda: types.SimpleNamespace(get_rope=old_get_rope)
-    )
-    assert (
-        compat.get_rope(256, max_position=512, rope_theta=5e6, partial_rotary_factor=0.25) == "rope"
-    )
-    # The fraction is applied here once; the old function must not apply it again.
-    assert calls == [(256, 64, 512, 5e6, True, 1.0)]
 
 
 # --- WeightsMapper / AutoWeightsLoader ------------------------------------------------

@@ -530,21 +530,25 @@ def test_deepseek_r1_reasoning_parser_composes_only_while_thinking(tokenizer):
 # --- compat: both shapes of every drifting API ----------------------------------------------
 
 
-def test_vllm_0_23_path_without_find_tool_name(tokenizer, request_with_tools, monkeypatch):
-    """vLLM 0.23 has neither ``find_tool_name`` nor ``find_tool_properties``: the
-    parser falls back to reading function tools itself and parses the same."""
+@pytest.mark.parametrize("host_lookup", [True, False], ids=["vllm-0.24+", "vllm-0.23"])
+def test_tool_lookup_with_and_without_vllms_find_tool_name(
+    host_lookup, tokenizer, request_with_tools, monkeypatch
+):
+    """vLLM 0.23 has ``find_tool_properties`` but no ``find_tool_name``: the parser
+    then reads the function tools itself and parses the same."""
     import vllm.tool_parsers.utils as utils
 
-    expected = parse(tokenizer, f"x {COMPACT}", request_with_tools)
-    host_find = utils.find_tool_name
-    monkeypatch.delattr(utils, "find_tool_name")
-    monkeypatch.delattr(utils, "find_tool_properties")
-    assert not hasattr(utils, "find_tool_name")
+    expected = Parsed(
+        "x ", [("get_weather", '{"city":"Paris","days":3}')]
+    )  # what the host lookup gives (run on 0.24 and later)
+    if not host_lookup:
+        monkeypatch.delattr(utils, "find_tool_name", raising=False)  # absent on 0.23 itself
+    assert hasattr(utils, "find_tool_name") is host_lookup
     assert parse(tokenizer, f"x {COMPACT}", request_with_tools) == expected
 
     tools = request_with_tools.tools
-    for name in ("get_weather", "typed", "nope", ""):
-        assert compat.find_tool_name(tools, name) is host_find(tools, name)
+    for name, declared in (("get_weather", True), ("typed", True), ("nope", False), ("", False)):
+        assert compat.find_tool_name(tools, name) is declared
     assert (
         compat.find_tool_properties(tools, "get_weather")
         == (WEATHER_TOOL["function"]["parameters"]["properties"])
@@ -564,20 +568,19 @@ def test_fallback_tool_lookup_reads_responses_function_tools(monkeypatch):
         strict=False,
     )
     assert compat.find_tool_name([tool], "lookup")
-    monkeypatch.delattr(utils, "find_tool_name")
-    monkeypatch.delattr(utils, "find_tool_properties")
+    monkeypatch.delattr(utils, "find_tool_name", raising=False)  # absent on 0.23 itself
     assert compat.find_tool_name([tool], "lookup")
     assert not compat.find_tool_name([tool], "other")
     assert compat.find_tool_properties([tool], "lookup") == {"q": {"type": "string"}}
 
 
 def test_protocol_types_and_tool_call_ids_from_older_module_locations(monkeypatch):
-    """Before vLLM 0.32 the protocol types lived in ``vllm.entrypoints.openai.engine.
-    protocol`` and ``make_tool_call_id`` in ``vllm.entrypoints.chat_utils``."""
+    """Before vLLM 0.29 the protocol types lived in ``vllm.entrypoints.openai.engine.
+    protocol``; before 0.32 ``make_tool_call_id`` lived in ``vllm.entrypoints.chat_utils``."""
     current = compat.tool_call_protocol()
     assert current.__name__ in (
-        "vllm.entrypoints.generate.base.protocol",
-        "vllm.entrypoints.openai.engine.protocol",  # 0.23 to 0.28 at least; run on 0.27.1
+        "vllm.entrypoints.generate.base.protocol",  # 0.29 and later
+        "vllm.entrypoints.openai.engine.protocol",  # 0.23 to 0.28
     )
     assert compat.tool_call_id_factory()().startswith("chatcmpl-tool-")
 
@@ -594,22 +597,19 @@ def test_protocol_types_and_tool_call_ids_from_older_module_locations(monkeypatc
     assert compat.tool_call_id_factory()() == "older-id"
 
     monkeypatch.setitem(sys.modules, "vllm.entrypoints.openai.engine.protocol", None)
-    monkeypatch.setitem(sys.modules, "vllm.entrypoints.openai.protocol", None)
     with pytest.raises(ImportError, match=r"vllm\.entrypoints\.generate\.base\.protocol"):
         compat.tool_call_protocol()
 
 
-def test_structural_tag_support_and_request_errors_on_older_releases(monkeypatch):
-    assert "glm_4_7" in compat.structural_tag_models()
-    assert Spark25ToolParser.structural_tag_model == "glm_4_7"
-    error = compat.request_validation_error("bad", parameter="tool_choice", value="required")
-    assert type(error).__name__ == "VLLMValidationError" and error.parameter == "tool_choice"
+def test_structural_tag_support_and_request_errors(monkeypatch):
+    import vllm.tool_parsers.structural_tag_registry as registry
 
-    monkeypatch.setitem(sys.modules, "vllm.tool_parsers.structural_tag_registry", None)
+    listed = hasattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS")  # vLLM 0.24 and later
+    assert ("glm_4_7" in compat.structural_tag_models()) is listed
+    assert Spark25ToolParser.structural_tag_model == ("glm_4_7" if listed else None)
+    error = compat.request_validation_error("bad", parameter="tool_choice", value="required")
+    assert type(error).__name__ == "VLLMValidationError"
+    assert (error.parameter, error.value) == ("tool_choice", "required")
+
+    monkeypatch.delattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS", raising=False)  # 0.23
     assert compat.structural_tag_models() == frozenset()
-    import vllm.exceptions
-
-    monkeypatch.delattr(vllm.exceptions, "VLLMValidationError")
-    error = compat.request_validation_error("bad", parameter="tool_choice", value="required")
-    assert type(error) is ValueError
-    assert str(error) == "bad (parameter=tool_choice, value=required)"

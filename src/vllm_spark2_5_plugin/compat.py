@@ -3,13 +3,15 @@
 The rest of the package is written as if there were one vLLM. Each helper here
 detects a feature (an attribute, a module, a keyword) rather than comparing
 version strings, so vLLM forks and CPU builds with other version schemes work.
+Each branch names the releases of the verified range (0.23 to 0.32) that take
+it; helpers without a branch are the same on all of them and keep the rest of
+the package free of vLLM's internal module paths.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -27,30 +29,22 @@ def _first_importable(*module_names: str) -> Any:
 # --- registries ---------------------------------------------------------------
 
 
+def _abstract_tool_parser() -> Any:
+    return importlib.import_module("vllm.tool_parsers.abstract_tool_parser")
+
+
 def tool_parser_manager() -> Any:
-    """``ToolParserManager`` (moved out of ``vllm.entrypoints.openai`` in Dec 2025)."""
-    module = _first_importable(
-        "vllm.tool_parsers.abstract_tool_parser",
-        "vllm.entrypoints.openai.tool_parsers.abstract_tool_parser",
-    )
-    return module.ToolParserManager
+    """vLLM's ``ToolParserManager``."""
+    return _abstract_tool_parser().ToolParserManager
 
 
 def registered_tool_parsers() -> set[str]:
-    manager = tool_parser_manager()
-    if hasattr(manager, "list_registered"):
-        return set(manager.list_registered())
-    return set(manager.tool_parsers) | set(getattr(manager, "lazy_parsers", {}))
+    return set(tool_parser_manager().list_registered())
 
 
 def register_tool_parser(name: str, module_path: str, class_name: str) -> None:
     """Register a parser by import path so its module loads on first use only."""
-    manager = tool_parser_manager()
-    if hasattr(manager, "register_lazy_module"):
-        manager.register_lazy_module(name, module_path, class_name)
-    else:  # releases without lazy registration
-        parser_cls = getattr(importlib.import_module(module_path), class_name)
-        manager.register_module(name=name, module=parser_cls)
+    tool_parser_manager().register_lazy_module(name, module_path, class_name)
 
 
 def host_config_registry() -> dict[str, Any]:
@@ -84,51 +78,24 @@ def _rotary_embedding_module() -> Any:
 
 
 def attention_cls() -> type:
-    """vLLM's decoder ``Attention`` layer.
-
-    It lived in ``vllm.attention`` until it moved to
-    ``vllm.model_executor.layers.attention``.
-    """
-    errors = []
-    for name in ("vllm.model_executor.layers.attention", "vllm.attention"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError as exc:
-            errors.append(f"{name}: {exc}")
-            continue
-        if hasattr(module, "Attention"):
-            return module.Attention
-        errors.append(f"{name}: no Attention")
-    raise ImportError("vLLM's Attention layer cannot be found: " + "; ".join(errors))
+    """vLLM's decoder ``Attention`` layer."""
+    return importlib.import_module("vllm.model_executor.layers.attention").Attention
 
 
 def get_rope(
     head_size: int, max_position: int, rope_theta: float, partial_rotary_factor: float
 ) -> Any:
     """vLLM's cached neox-style RoPE over the first ``int(head_size * partial_rotary_factor)``
-    dims of each head; the cos/sin cache has ``max_position`` rows.
-
-    Releases since late 2025 take ``rope_parameters`` (one dict with theta and the
-    rotary fraction); older ones take ``rotary_dim`` and ``base`` arguments.
-    """
-    get_rope_fn = _rotary_embedding_module().get_rope
-    if "rope_parameters" in inspect.signature(get_rope_fn).parameters:
-        return get_rope_fn(
-            head_size,
-            max_position=max_position,
-            is_neox_style=True,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": rope_theta,
-                "partial_rotary_factor": partial_rotary_factor,
-            },
-        )
-    return get_rope_fn(
+    dims of each head; the cos/sin cache has ``max_position`` rows."""
+    return _rotary_embedding_module().get_rope(
         head_size,
-        rotary_dim=int(head_size * partial_rotary_factor),
         max_position=max_position,
-        base=rope_theta,
         is_neox_style=True,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": rope_theta,
+            "partial_rotary_factor": partial_rotary_factor,
+        },
     )
 
 
@@ -137,7 +104,7 @@ def get_rope(
 
 def weights_mapper_stacks(mapper_cls: type | None = None) -> bool:
     """Whether ``WeightsMapper`` can route a checkpoint name into one shard of a packed
-    parameter (``orig_to_new_stacked``, added after vLLM 0.23)."""
+    parameter (``orig_to_new_stacked``: vLLM 0.25 and later; not 0.23, 0.24)."""
     mapper_cls = mapper_cls or _model_utils().WeightsMapper
     return "orig_to_new_stacked" in {field.name for field in dataclasses.fields(mapper_cls)}
 
@@ -145,8 +112,8 @@ def weights_mapper_stacks(mapper_cls: type | None = None) -> bool:
 def stacked_weights_mapper(stacked: Mapping[str, tuple[str, str | int]]) -> Any:
     """A ``WeightsMapper`` for ``stacked`` (``{".gate_proj.": (".gate_up_proj.", 0)}``).
 
-    On releases without ``orig_to_new_stacked`` it is an empty mapper, and
-    :func:`load_weights` loads the stacked names shard by shard itself.
+    On releases without ``orig_to_new_stacked`` (0.23, 0.24) it is an empty mapper,
+    and :func:`load_weights` loads the stacked names shard by shard itself.
     """
     mapper_cls = _model_utils().WeightsMapper
     if weights_mapper_stacks(mapper_cls):
@@ -165,10 +132,11 @@ def load_weights(
 
     Hides two API changes:
 
-    * packed parameters: where ``WeightsMapper`` has ``orig_to_new_stacked`` the
-      mapper tags each stacked tensor with its shard id and the packed layer reads
-      it; vLLM 0.23 has neither, so there each stacked tensor goes to
-      ``param.weight_loader(param, tensor, shard_id)`` here, that release's idiom.
+    * packed parameters: where ``WeightsMapper`` has ``orig_to_new_stacked`` (0.25
+      and later) the mapper tags each stacked tensor with its shard id and the
+      packed layer reads it; vLLM 0.23 and 0.24 have neither, so there each stacked
+      tensor goes to ``param.weight_loader(param, tensor, shard_id)`` here, those
+      releases' idiom.
       Tensors that are not stacked (a fused ``q_k_v_proj``) load with no shard id
       on both.
     * skipping: ``AutoWeightsLoader(skip_prefixes=...)`` was removed in vLLM 0.29;
@@ -207,11 +175,7 @@ def load_weights(
 
 def tool_parser_base() -> type:
     """The ``ToolParser`` base class every registered parser must subclass."""
-    module = _first_importable(
-        "vllm.tool_parsers.abstract_tool_parser",
-        "vllm.entrypoints.openai.tool_parsers.abstract_tool_parser",
-    )
-    return module.ToolParser
+    return _abstract_tool_parser().ToolParser
 
 
 # --- tool-call parser -----------------------------------------------------------
@@ -221,97 +185,71 @@ def tool_call_protocol() -> Any:
     """The module with ``DeltaMessage``, ``DeltaToolCall``, ``DeltaFunctionCall``,
     ``ToolCall``, ``FunctionCall`` and ``ExtractedToolCallInformation``.
 
-    They lived in ``vllm.entrypoints.openai.protocol``, then
-    ``vllm.entrypoints.openai.engine.protocol``; vLLM 0.32 keeps them in
-    ``vllm.entrypoints.generate.base.protocol``.
+    ``vllm.entrypoints.generate.base.protocol`` in vLLM 0.29 and later,
+    ``vllm.entrypoints.openai.engine.protocol`` in 0.23 to 0.28.
     """
     return _first_importable(
         "vllm.entrypoints.generate.base.protocol",
         "vllm.entrypoints.openai.engine.protocol",
-        "vllm.entrypoints.openai.protocol",
     )
 
 
 def tool_call_id_factory() -> Any:
-    """vLLM's ``make_tool_call_id`` (moved from ``vllm.entrypoints.chat_utils`` to
-    ``vllm.renderers.chat_utils``); called with no arguments it returns a random id."""
+    """vLLM's ``make_tool_call_id``: in ``vllm.renderers.chat_utils`` in vLLM 0.32 and
+    later, ``vllm.entrypoints.chat_utils`` in 0.23 to 0.31. Called with no arguments
+    it returns a random id."""
     module = _first_importable("vllm.renderers.chat_utils", "vllm.entrypoints.chat_utils")
     return module.make_tool_call_id
 
 
 def _tool_parser_utils() -> Any:
     """``vllm.tool_parsers.utils``, looked up per call so tests can take attributes away."""
-    return _first_importable(
-        "vllm.tool_parsers.utils", "vllm.entrypoints.openai.tool_parsers.utils"
-    )
+    return importlib.import_module("vllm.tool_parsers.utils")
 
 
-def _function_tools(tools: Iterable[Any]) -> Iterable[tuple[str, Any]]:
-    """``(name, parameters)`` of the plain function tools in a request's ``tools``:
-    Chat Completions tools (``tool.function``) and Responses function tools."""
+def _function_tool_names(tools: Iterable[Any]) -> Iterable[str]:
+    """The names of the plain function tools in a request's ``tools``: Chat
+    Completions tools (``tool.function``) and Responses function tools."""
     for tool in tools:
         function = getattr(tool, "function", None)
         if function is not None:
-            yield function.name, function.parameters
+            yield function.name
         elif getattr(tool, "type", None) == "function":
-            yield tool.name, tool.parameters
+            yield tool.name
 
 
 def find_tool_name(tools: Sequence[Any] | None, name: str) -> bool:
     """Whether the request's ``tools`` declare a function tool called ``name``.
 
-    vLLM 0.23 has no ``vllm.tool_parsers.utils.find_tool_name``; the local
-    fallback sees plain function tools only (it does not expand Responses-API
-    namespace tools into ``namespace__name``).
+    vLLM 0.24 and later have ``vllm.tool_parsers.utils.find_tool_name``; 0.23 has
+    not, and the local fallback sees plain function tools only (it does not
+    expand Responses-API namespace tools into ``namespace__name``).
     """
     if not tools:
         return False
     host_find = getattr(_tool_parser_utils(), "find_tool_name", None)
     if host_find is not None:
         return host_find(tools, name)
-    return any(tool_name == name for tool_name, _ in _function_tools(tools))
+    return name in _function_tool_names(tools)
 
 
 def find_tool_properties(tools: Sequence[Any] | None, name: str) -> dict[str, Any]:
-    """The ``properties`` of function tool ``name``'s parameter schema, ``{}`` if none.
-
-    Uses ``vllm.tool_parsers.utils.find_tool_properties`` where it exists (it
-    knows Responses-API namespace tools) and the same local fallback as
-    :func:`find_tool_name` elsewhere.
-    """
-    if not tools:
-        return {}
-    host_find = getattr(_tool_parser_utils(), "find_tool_properties", None)
-    if host_find is not None:
-        return host_find(tools, name)
-    for tool_name, parameters in _function_tools(tools):
-        if tool_name == name:
-            return (parameters or {}).get("properties", {})
-    return {}
+    """The ``properties`` of function tool ``name``'s parameter schema, ``{}`` if none."""
+    return _tool_parser_utils().find_tool_properties(tools, name)
 
 
 def structural_tag_models() -> frozenset[str]:
     """The tool-call structural-tag formats this vLLM can turn into a grammar.
 
-    Releases without ``vllm.tool_parsers.structural_tag_registry`` cannot
-    constrain ``tool_choice="required"``/named calls to a model's own syntax at
-    all; for them this is empty.
+    vLLM 0.24 and later list them; 0.23 cannot constrain ``tool_choice="required"``
+    or named calls to a model's own syntax at all, and for it this is empty.
     """
-    try:
-        registry = importlib.import_module("vllm.tool_parsers.structural_tag_registry")
-    except ImportError:
-        return frozenset()
+    registry = importlib.import_module("vllm.tool_parsers.structural_tag_registry")
     return frozenset(getattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS", ()))
 
 
 def request_validation_error(message: str, parameter: str, value: Any) -> Exception:
-    """An exception the API server answers with HTTP 400 naming ``parameter``.
-
-    ``vllm.exceptions.VLLMValidationError`` where it exists; older releases map a
-    plain ``ValueError`` raised while preparing a request to 400.
-    """
-    try:
-        error_cls = importlib.import_module("vllm.exceptions").VLLMValidationError
-    except (ImportError, AttributeError):
-        return ValueError(f"{message} (parameter={parameter}, value={value})")
+    """``vllm.exceptions.VLLMValidationError``: the API server answers it with HTTP 400
+    naming ``parameter``."""
+    error_cls = importlib.import_module("vllm.exceptions").VLLMValidationError
     return error_cls(message, parameter=parameter, value=value)
