@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 import torch
+from host_features import flushes_stream_end
+from packaging.version import Version
 from spark2_5_support import vllm_model_env
 
 from vllm_spark2_5_plugin import compat
@@ -315,11 +317,19 @@ def test_the_parser_overrides_take_every_parameter_vllm_passes(method: str):
 
 # Class attributes the parser sets that vLLM must still read; a renamed one is
 # silently ignored (forced calls unconstrained, the stream's tail never flushed).
-PARSER_SWITCHES = ["supports_required_and_named", "structural_tag_model", "engine_based_streaming"]
+# Each with the feature of RELEASE_SHAPES that brought it (None: every release).
+PARSER_SWITCHES = {
+    "supports_required_and_named": None,
+    "structural_tag_model": "tag_formats",
+    "engine_based_streaming": "stream_end",
+}
 
 
 @pytest.mark.parametrize("name", PARSER_SWITCHES)
 def test_vllm_still_reads_the_parser_switches(name: str):
+    feature = PARSER_SWITCHES[name]
+    if feature and not RELEASE_SHAPES[installed_shape()][feature]:
+        pytest.skip(f"vLLM {installed_shape()} predates {name!r}: {feature} is not there")
     assert hasattr(compat.tool_parser_base(), name), (
         f"vLLM drift in ToolParser: it no longer defines {name!r}, so the value "
         f"Spark25ToolParser sets is ignored. Find what replaced it and update "
@@ -328,10 +338,9 @@ def test_vllm_still_reads_the_parser_switches(name: str):
 
 
 def test_structural_tag_registry_still_lists_its_formats():
-    try:
-        registry = importlib.import_module("vllm.tool_parsers.structural_tag_registry")
-    except ImportError:
-        pytest.skip("this vLLM has no structural-tag registry (compat reports none)")
+    if not RELEASE_SHAPES[installed_shape()]["tag_formats"]:
+        pytest.skip(f"vLLM {installed_shape()} predates the structural-tag format list")
+    registry = importlib.import_module("vllm.tool_parsers.structural_tag_registry")
     assert hasattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS"), (
         "vLLM drift in vllm.tool_parsers.structural_tag_registry: "
         "SUPPORTED_STRUCTURAL_TAG_MODELS is gone, so forced tool calls would be refused. "
@@ -386,23 +395,55 @@ def test_the_guard_reads_pydantic_fields_not_extra_keywords():
     assert "no parameter 'tool_calls'" in call_problem(Message, Call(0, ("content", "tool_calls")))
 
 
-# --- the older releases' shapes on the installed vLLM ----------------------------------------
+# --- each release's shape ------------------------------------------------------------------
 #
-# What each release of the range offers for the symbols compat detects, read from
-# its published wheel; scripts/run-matrix runs the suite on each of them for real:
+# What each release of the range offers for the features compat and the tests
+# detect, read from its published wheel; scripts/run-matrix runs the suite on each:
 #
-#   release  WeightsMapper stacking  find_tool_name  structural-tag format list
-#   0.23     no                      no              no
-#   0.24     no                      yes             yes
-#   0.25+    yes                     yes             yes
+#   release  WeightsMapper  find_tool_name  structural-tag  end-of-stream call to the
+#            stacking                       format list     tool parser (engine_based_streaming)
+#   0.23     no             no              no              no
+#   0.24     no             yes             yes             yes
+#   0.25+    yes            yes             yes             yes
 #
-# CI runs only the newest release; these run compat's path for each older shape
-# there too, on the installed vLLM with the newer features taken away.
+# The installed release must have exactly its row's features: a newer release that
+# loses one fails here instead of silently taking an older release's path.
 RELEASE_SHAPES = {
-    "0.23": {"stacking": False, "find_tool_name": False, "tag_formats": False},
-    "0.24": {"stacking": False, "find_tool_name": True, "tag_formats": True},
-    "0.25+": {"stacking": True, "find_tool_name": True, "tag_formats": True},
+    "0.23": {"stacking": False, "find_tool_name": False, "tag_formats": False, "stream_end": False},
+    "0.24": {"stacking": False, "find_tool_name": True, "tag_formats": True, "stream_end": True},
+    "0.25+": {"stacking": True, "find_tool_name": True, "tag_formats": True, "stream_end": True},
 }
+
+
+def installed_shape() -> str:
+    """The ``RELEASE_SHAPES`` row the installed vLLM's release should have."""
+    import vllm
+
+    minor = Version(vllm.__version__).release[:2]
+    return {(0, 23): "0.23", (0, 24): "0.24"}.get(minor, "0.25+")
+
+
+def installed_features() -> dict[str, bool]:
+    import vllm.tool_parsers.structural_tag_registry as registry
+    import vllm.tool_parsers.utils as parser_utils
+
+    return {
+        "stacking": compat.weights_mapper_stacks(),
+        "find_tool_name": hasattr(parser_utils, "find_tool_name"),
+        "tag_formats": hasattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS"),
+        "stream_end": flushes_stream_end(),
+    }
+
+
+def test_the_installed_vllm_has_its_releases_shape():
+    import vllm
+
+    shape, features = installed_shape(), installed_features()
+    assert features == RELEASE_SHAPES[shape], (
+        f"vLLM drift: vLLM {vllm.__version__} has {features}, the {shape} row of "
+        f"RELEASE_SHAPES says {RELEASE_SHAPES[shape]}. Give compat.py a branch for the "
+        f"new shape (or correct the row), and update docs/support-matrix.md."
+    )
 
 
 @pytest.fixture
@@ -412,12 +453,7 @@ def release_shape(request, monkeypatch):
     import vllm.tool_parsers.utils as parser_utils
     from test_compat_model import use_older_weight_loading
 
-    shape = RELEASE_SHAPES[request.param]
-    installed = {
-        "stacking": compat.weights_mapper_stacks(),
-        "find_tool_name": hasattr(parser_utils, "find_tool_name"),
-        "tag_formats": hasattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS"),
-    }
+    shape, installed = RELEASE_SHAPES[request.param], installed_features()
     lacking = [feature for feature, needed in shape.items() if needed and not installed[feature]]
     if lacking:
         pytest.skip(f"the installed vLLM is older than the {request.param} shape: no {lacking}")
