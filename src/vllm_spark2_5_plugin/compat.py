@@ -3,13 +3,15 @@
 The rest of the package is written as if there were one vLLM. Each helper here
 detects a feature (an attribute, a module, a keyword) rather than comparing
 version strings, so vLLM forks and CPU builds with other version schemes work.
+Each branch names the releases of the verified range (0.23 to 0.32) that take
+it; helpers without a branch are the same on all of them and keep the rest of
+the package free of vLLM's internal module paths.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -29,18 +31,13 @@ def _first_importable(*module_names: str) -> Any:
 
 # --- registries ---------------------------------------------------------------
 
-# vLLM's tool-parser package, before and after it moved out of vllm.entrypoints.openai.
-_TOOL_PARSER_PACKAGES = ("vllm.tool_parsers", "vllm.entrypoints.openai.tool_parsers")
-
 
 def _abstract_tool_parser() -> Any:
-    return _first_importable(
-        *(f"{package}.abstract_tool_parser" for package in _TOOL_PARSER_PACKAGES)
-    )
+    return importlib.import_module("vllm.tool_parsers.abstract_tool_parser")
 
 
 def tool_parser_manager() -> Any:
-    """``ToolParserManager`` (moved out of ``vllm.entrypoints.openai`` in Dec 2025)."""
+    """vLLM's ``ToolParserManager``."""
     return _abstract_tool_parser().ToolParserManager
 
 
@@ -48,44 +45,36 @@ def tool_parser_manager() -> Any:
 # processes import only the registries they use (the tool-parser one in the API
 # server alone); the carrier registers into each when it loads.
 REGISTRY_MODULES = {
-    "config": ("vllm.transformers_utils.config",),
-    "model": ("vllm.model_executor.models.registry",),
-    "tool_parser": _TOOL_PARSER_PACKAGES,
+    "config": "vllm.transformers_utils.config",
+    "model": "vllm.model_executor.models.registry",
+    "tool_parser": "vllm.tool_parsers",
 }
 
 
 def registry_loaded(registry: str) -> bool:
     """Whether this process has imported vLLM's ``registry`` (a ``REGISTRY_MODULES`` key)."""
-    return any(name in sys.modules for name in REGISTRY_MODULES[registry])
+    return REGISTRY_MODULES[registry] in sys.modules
 
 
 def when_registry_loads(registry: str, register: Callable[[], None]) -> None:
     """Run ``register`` right after this process imports vLLM's ``registry``, before
     anything uses it. ``register`` must not raise: it runs inside that import."""
-    deferred.after_import(REGISTRY_MODULES[registry], lambda _module: register())
+    deferred.after_import((REGISTRY_MODULES[registry],), lambda _module: register())
 
 
 def model_registry() -> Any:
     """vLLM's ``ModelRegistry``, from its own module: ``from vllm import ModelRegistry``
     fails while that module's package is still being imported."""
-    return importlib.import_module(REGISTRY_MODULES["model"][0]).ModelRegistry
+    return importlib.import_module(REGISTRY_MODULES["model"]).ModelRegistry
 
 
 def registered_tool_parsers() -> set[str]:
-    manager = tool_parser_manager()
-    if hasattr(manager, "list_registered"):
-        return set(manager.list_registered())
-    return set(manager.tool_parsers) | set(getattr(manager, "lazy_parsers", {}))
+    return set(tool_parser_manager().list_registered())
 
 
 def register_tool_parser(name: str, module_path: str, class_name: str) -> None:
     """Register a parser by import path so its module loads on first use only."""
-    manager = tool_parser_manager()
-    if hasattr(manager, "register_lazy_module"):
-        manager.register_lazy_module(name, module_path, class_name)
-    else:  # releases without lazy registration
-        parser_cls = getattr(importlib.import_module(module_path), class_name)
-        manager.register_module(name=name, module=parser_cls)
+    tool_parser_manager().register_lazy_module(name, module_path, class_name)
 
 
 def host_config_registry() -> dict[str, Any]:
@@ -141,51 +130,24 @@ def complete_layer_type_rope(
 
 
 def attention_cls() -> type:
-    """vLLM's decoder ``Attention`` layer.
-
-    It lived in ``vllm.attention`` until it moved to
-    ``vllm.model_executor.layers.attention``.
-    """
-    errors = []
-    for name in ("vllm.model_executor.layers.attention", "vllm.attention"):
-        try:
-            module = importlib.import_module(name)
-        except ImportError as exc:
-            errors.append(f"{name}: {exc}")
-            continue
-        if hasattr(module, "Attention"):
-            return module.Attention
-        errors.append(f"{name}: no Attention")
-    raise ImportError("vLLM's Attention layer cannot be found: " + "; ".join(errors))
+    """vLLM's decoder ``Attention`` layer."""
+    return importlib.import_module("vllm.model_executor.layers.attention").Attention
 
 
 def get_rope(
     head_size: int, max_position: int, rope_theta: float, partial_rotary_factor: float
 ) -> Any:
     """vLLM's cached neox-style RoPE over the first ``int(head_size * partial_rotary_factor)``
-    dims of each head; the cos/sin cache has ``max_position`` rows.
-
-    Releases since late 2025 take ``rope_parameters`` (one dict with theta and the
-    rotary fraction); older ones take ``rotary_dim`` and ``base`` arguments.
-    """
-    get_rope_fn = _rotary_embedding_module().get_rope
-    if "rope_parameters" in inspect.signature(get_rope_fn).parameters:
-        return get_rope_fn(
-            head_size,
-            max_position=max_position,
-            is_neox_style=True,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": rope_theta,
-                "partial_rotary_factor": partial_rotary_factor,
-            },
-        )
-    return get_rope_fn(
+    dims of each head; the cos/sin cache has ``max_position`` rows."""
+    return _rotary_embedding_module().get_rope(
         head_size,
-        rotary_dim=int(head_size * partial_rotary_factor),
         max_position=max_position,
-        base=rope_theta,
         is_neox_style=True,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": rope_theta,
+            "partial_rotary_factor": partial_rotary_factor,
+        },
     )
 
 
@@ -194,7 +156,7 @@ def get_rope(
 
 def weights_mapper_stacks(mapper_cls: type | None = None) -> bool:
     """Whether ``WeightsMapper`` can route a checkpoint name into one shard of a packed
-    parameter (``orig_to_new_stacked``, added after vLLM 0.23)."""
+    parameter (``orig_to_new_stacked``: vLLM 0.25 and later; not 0.23, 0.24)."""
     mapper_cls = mapper_cls or _model_utils().WeightsMapper
     return "orig_to_new_stacked" in {field.name for field in dataclasses.fields(mapper_cls)}
 
@@ -202,8 +164,8 @@ def weights_mapper_stacks(mapper_cls: type | None = None) -> bool:
 def stacked_weights_mapper(stacked: Mapping[str, tuple[str, str | int]]) -> Any:
     """A ``WeightsMapper`` for ``stacked`` (``{".gate_proj.": (".gate_up_proj.", 0)}``).
 
-    On releases without ``orig_to_new_stacked`` it is an empty mapper, and
-    :func:`load_weights` loads the stacked names shard by shard itself.
+    On releases without ``orig_to_new_stacked`` (0.23, 0.24) it is an empty mapper,
+    and :func:`load_weights` loads the stacked names shard by shard itself.
     """
     mapper_cls = _model_utils().WeightsMapper
     if weights_mapper_stacks(mapper_cls):
@@ -222,10 +184,11 @@ def load_weights(
 
     Hides two API changes:
 
-    * packed parameters: where ``WeightsMapper`` has ``orig_to_new_stacked`` the
-      mapper tags each stacked tensor with its shard id and the packed layer reads
-      it; vLLM 0.23 has neither, so there each stacked tensor goes to
-      ``param.weight_loader(param, tensor, shard_id)`` here, that release's idiom.
+    * packed parameters: where ``WeightsMapper`` has ``orig_to_new_stacked`` (0.25
+      and later) the mapper tags each stacked tensor with its shard id and the
+      packed layer reads it; vLLM 0.23 and 0.24 have neither, so there each stacked
+      tensor goes to ``param.weight_loader(param, tensor, shard_id)`` here, those
+      releases' idiom.
       Tensors that are not stacked (a fused ``q_k_v_proj``) load with no shard id
       on both.
     * skipping: ``AutoWeightsLoader(skip_prefixes=...)`` was removed in vLLM 0.29;
@@ -266,9 +229,9 @@ def quantized_checkpoint_names(
     quant_config: Any, weights: Iterable[tuple[str, Any]]
 ) -> Iterable[tuple[str, Any]]:
     """``weights`` renamed and filtered the way ``quant_config``'s method reads a
-    checkpoint (``get_checkpoint_weight_mapper``; on vLLM 0.32 GPTQ drops ``g_idx``,
-    which its kernels do not take). Unchanged without quantization or where the
-    quantization config has no such hook."""
+    checkpoint (``get_checkpoint_weight_mapper``, vLLM 0.32: GPTQ drops ``g_idx``,
+    which its kernels do not take). Unchanged without quantization and on 0.23
+    to 0.31, whose quantization configs have no such hook."""
     mapper_fn = getattr(quant_config, "get_checkpoint_weight_mapper", None)
     if mapper_fn is None:
         return weights
@@ -280,14 +243,6 @@ def tool_parser_base() -> type:
     return _abstract_tool_parser().ToolParser
 
 
-def tool_parser_base_args(tokenizer: Any, tools: Any) -> tuple[Any, ...]:
-    """The arguments ``ToolParser.__init__`` takes: ``(tokenizer, tools)`` where it
-    accepts the request's tools (vLLM 0.32), ``(tokenizer,)`` before."""
-    if "tools" in inspect.signature(tool_parser_base().__init__).parameters:
-        return tokenizer, tools
-    return (tokenizer,)
-
-
 # --- tool-call parser -----------------------------------------------------------
 
 
@@ -295,27 +250,26 @@ def tool_call_protocol() -> Any:
     """The module with ``DeltaMessage``, ``DeltaToolCall``, ``DeltaFunctionCall``,
     ``ToolCall``, ``FunctionCall`` and ``ExtractedToolCallInformation``.
 
-    They lived in ``vllm.entrypoints.openai.protocol``, then
-    ``vllm.entrypoints.openai.engine.protocol``; vLLM 0.32 keeps them in
-    ``vllm.entrypoints.generate.base.protocol``.
+    ``vllm.entrypoints.generate.base.protocol`` in vLLM 0.29 and later,
+    ``vllm.entrypoints.openai.engine.protocol`` in 0.23 to 0.28.
     """
     return _first_importable(
         "vllm.entrypoints.generate.base.protocol",
         "vllm.entrypoints.openai.engine.protocol",
-        "vllm.entrypoints.openai.protocol",
     )
 
 
 def tool_call_id_factory() -> Any:
-    """vLLM's ``make_tool_call_id`` (moved from ``vllm.entrypoints.chat_utils`` to
-    ``vllm.renderers.chat_utils``); called with no arguments it returns a random id."""
+    """vLLM's ``make_tool_call_id``: in ``vllm.renderers.chat_utils`` in vLLM 0.32 and
+    later, ``vllm.entrypoints.chat_utils`` in 0.23 to 0.31. Called with no arguments
+    it returns a random id."""
     module = _first_importable("vllm.renderers.chat_utils", "vllm.entrypoints.chat_utils")
     return module.make_tool_call_id
 
 
 def _tool_parser_utils() -> Any:
     """``vllm.tool_parsers.utils``, looked up per call so tests can take attributes away."""
-    return _first_importable(*(f"{package}.utils" for package in _TOOL_PARSER_PACKAGES))
+    return importlib.import_module("vllm.tool_parsers.utils")
 
 
 def _function_tools(tools: Iterable[Any]) -> Iterable[tuple[str, Any]]:
@@ -332,9 +286,9 @@ def _function_tools(tools: Iterable[Any]) -> Iterable[tuple[str, Any]]:
 def find_tool_name(tools: Sequence[Any] | None, name: str) -> bool:
     """Whether the request's ``tools`` declare a function tool called ``name``.
 
-    vLLM 0.23 has no ``vllm.tool_parsers.utils.find_tool_name``; the local
-    fallback sees plain function tools only (it does not expand Responses-API
-    namespace tools into ``namespace__name``).
+    vLLM 0.24 and later have ``vllm.tool_parsers.utils.find_tool_name``; 0.23 has
+    not, and the local fallback sees plain function tools only (it does not
+    expand Responses-API namespace tools into ``namespace__name``).
     """
     if not tools:
         return False
@@ -348,9 +302,9 @@ def function_tools(tools: Sequence[Any] | None) -> list[tuple[str, Any]]:
     """``(name, parameters)`` of the function tools in a request's ``tools``, as
     :func:`find_tool_name` knows them.
 
-    Uses ``vllm.tool_parsers.utils.get_function_tools`` where it exists (it
-    flattens Responses-API namespace tools to ``namespace__name`` and turns
-    custom tools into functions); elsewhere the plain function tools.
+    vLLM 0.32 has ``vllm.tool_parsers.utils.get_function_tools`` (it flattens
+    Responses-API namespace tools to ``namespace__name`` and turns custom tools
+    into functions); on 0.23 to 0.31 the plain function tools.
     """
     if not tools:
         return []
@@ -367,45 +321,22 @@ def function_tool_names(tools: Sequence[Any] | None) -> list[str]:
 
 
 def find_tool_properties(tools: Sequence[Any] | None, name: str) -> dict[str, Any]:
-    """The ``properties`` of function tool ``name``'s parameter schema, ``{}`` if none.
-
-    Uses ``vllm.tool_parsers.utils.find_tool_properties`` where it exists (it
-    knows Responses-API namespace tools) and the same local fallback as
-    :func:`find_tool_name` elsewhere.
-    """
-    if not tools:
-        return {}
-    host_find = getattr(_tool_parser_utils(), "find_tool_properties", None)
-    if host_find is not None:
-        return host_find(tools, name)
-    for tool_name, parameters in _function_tools(tools):
-        if tool_name == name:
-            return (parameters or {}).get("properties", {})
-    return {}
+    """The ``properties`` of function tool ``name``'s parameter schema, ``{}`` if none."""
+    return _tool_parser_utils().find_tool_properties(tools, name)
 
 
 def structural_tag_models() -> frozenset[str]:
     """The tool-call structural-tag formats this vLLM can turn into a grammar.
 
-    Releases without ``vllm.tool_parsers.structural_tag_registry`` cannot
-    constrain ``tool_choice="required"``/named calls to a model's own syntax at
-    all; for them this is empty.
+    vLLM 0.24 and later list them; 0.23 cannot constrain ``tool_choice="required"``
+    or named calls to a model's own syntax at all, and for it this is empty.
     """
-    try:
-        registry = importlib.import_module("vllm.tool_parsers.structural_tag_registry")
-    except ImportError:
-        return frozenset()
+    registry = importlib.import_module("vllm.tool_parsers.structural_tag_registry")
     return frozenset(getattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS", ()))
 
 
 def request_validation_error(message: str, parameter: str, value: Any) -> Exception:
-    """An exception the API server answers with HTTP 400 naming ``parameter``.
-
-    ``vllm.exceptions.VLLMValidationError`` where it exists; older releases map a
-    plain ``ValueError`` raised while preparing a request to 400.
-    """
-    try:
-        error_cls = importlib.import_module("vllm.exceptions").VLLMValidationError
-    except (ImportError, AttributeError):
-        return ValueError(f"{message} (parameter={parameter}, value={value})")
+    """``vllm.exceptions.VLLMValidationError``: the API server answers it with HTTP 400
+    naming ``parameter``."""
+    error_cls = importlib.import_module("vllm.exceptions").VLLMValidationError
     return error_cls(message, parameter=parameter, value=value)

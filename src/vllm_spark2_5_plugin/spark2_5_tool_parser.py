@@ -729,7 +729,7 @@ class Spark25ToolParser(ToolParser):
 
     def __init__(self, tokenizer: Any, tools: list[Any] | None = None) -> None:
         # Calls are checked against each request's tools, whatever the base keeps.
-        super().__init__(*compat.tool_parser_base_args(tokenizer, tools))
+        super().__init__(tokenizer, tools)
         self._stream: _Scanner | None = None
 
     def adjust_request(self, request: Any) -> Any:

@@ -3,9 +3,9 @@ against a stand-in with the API shape of an older release."""
 
 from __future__ import annotations
 
-import re
-import sys
+import dataclasses
 import types
+from dataclasses import field
 
 import pytest
 import torch
@@ -27,22 +27,6 @@ def test_attention_comes_from_its_current_module():
     assert compat.attention_cls() is Attention
 
 
-def test_attention_falls_back_to_the_older_module(monkeypatch):
-    class OldAttention:
-        pass
-
-    moved_away = types.ModuleType("vllm.model_executor.layers.attention")
-    old_home = types.ModuleType("vllm.attention")
-    old_home.Attention = OldAttention
-    monkeypatch.setitem(sys.modules, "vllm.model_executor.layers.attention", moved_away)
-    monkeypatch.setitem(sys.modules, "vllm.attention", old_home)
-    assert compat.attention_cls() is OldAttention
-
-    del old_home.Attention
-    with pytest.raises(ImportError, match=re.escape("vllm.attention: no Attention")):
-        compat.attention_cls()
-
-
 # --- get_rope signature ---------------------------------------------------------------
 
 
@@ -59,34 +43,6 @@ def test_get_rope_with_rope_parameters_builds_a_partial_neox_cache():
     assert tuple(rope.cos_sin_cache.shape) == (100, 8)
 
 
-def test_get_rope_with_the_older_positional_signature(monkeypatch):
-    calls = []
-
-    def old_get_rope(
-        head_size,
-        rotary_dim,
-        max_position,
-        base,
-        is_neox_style=True,
-        rope_scaling=None,
-        dtype=None,
-        partial_rotary_factor=1.0,
-    ):
-        calls.append(
-            (head_size, rotary_dim, max_position, base, is_neox_style, partial_rotary_factor)
-        )
-        return "rope"
-
-    monkeypatch.setattr(
-        compat, "_rotary_embedding_module", lambda: types.SimpleNamespace(get_rope=old_get_rope)
-    )
-    assert (
-        compat.get_rope(256, max_position=512, rope_theta=5e6, partial_rotary_factor=0.25) == "rope"
-    )
-    # The fraction is applied here once; the old function must not apply it again.
-    assert calls == [(256, 64, 512, 5e6, True, 1.0)]
-
-
 # --- WeightsMapper / AutoWeightsLoader ------------------------------------------------
 
 
@@ -96,10 +52,15 @@ def older_vllm(monkeypatch):
     use_older_weight_loading(monkeypatch)
 
 
-def test_weights_mapper_stacking_is_detected_by_its_field(older_vllm):
-    from vllm.model_executor.models.utils import WeightsMapper
+@dataclasses.dataclass
+class WeightsMapperWithStacking(WeightsMapperWithoutStacking):
+    """vLLM 0.25's ``WeightsMapper`` fields."""
 
-    assert compat.weights_mapper_stacks(WeightsMapper)
+    orig_to_new_stacked: dict = field(default_factory=dict)
+
+
+def test_weights_mapper_stacking_is_detected_by_its_field(older_vllm):
+    assert compat.weights_mapper_stacks(WeightsMapperWithStacking)
     assert not compat.weights_mapper_stacks(WeightsMapperWithoutStacking)
     assert not compat.weights_mapper_stacks()  # what compat now sees
 
@@ -107,6 +68,11 @@ def test_weights_mapper_stacking_is_detected_by_its_field(older_vllm):
 def test_stacked_mapper_tags_shards_and_keeps_fused_names():
     from vllm_spark2_5_plugin.spark2_5 import STACKED_PARAMS
 
+    if not compat.weights_mapper_stacks():
+        pytest.skip(
+            "this vLLM's WeightsMapper cannot stack (0.23, 0.24): "
+            "test_stacked_mapper_is_empty_without_stacking covers that shape"
+        )
     mapper = compat.stacked_weights_mapper(STACKED_PARAMS)
     names = [
         "layers.0.mlp.gate_proj.weight",

@@ -13,6 +13,7 @@ import pytest
 from carrier_harness.server import VllmServer
 from spark2_5_dev import fixture
 from spark2_5_dev.carrier import clean_env
+from spark2_5_dev.host_features import FORCED_CALL_REFUSAL, constrains_forced_calls
 
 pytestmark = pytest.mark.serve
 
@@ -139,6 +140,10 @@ def test_follow_up_after_tool_result(client):
 def test_forced_tool_choice_returns_a_call(client, tool_choice):
     # The model would answer this in plain text; the forced choice must still call.
     question = [{"role": "user", "content": fixture.CAPITAL_QUESTION}]
+    if not constrains_forced_calls():  # vLLM 0.23 cannot force it: a 400 naming the reason
+        with pytest.raises(openai.BadRequestError, match=FORCED_CALL_REFUSAL):
+            chat(client, question, [fixture.WEATHER_TOOL], tool_choice=tool_choice)
+        return
     choice = chat(client, question, [fixture.WEATHER_TOOL], tool_choice=tool_choice).choices[0]
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather"

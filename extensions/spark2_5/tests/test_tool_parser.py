@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from spark2_5_dev.host_features import FORCED_CALL_REFUSAL, constrains_forced_calls
 from spark2_5_dev.tool_parsing import (
     TOOLS,
     WEATHER_TOOL,
@@ -358,6 +359,20 @@ def random_grammar_outputs(tokenizer, structural_tag, seed, count, prefer=lambda
         yield tokenizer.decode(tokens, skip_special_tokens=False)
 
 
+def adjust_forced(tokenizer, **fields):
+    """``adjust_request`` of a forced-choice request. Where vLLM cannot constrain
+    forced calls (0.23) it checks the documented 400 instead and returns None."""
+    from vllm.exceptions import VLLMValidationError
+
+    request = chat_request(**fields)
+    if constrains_forced_calls():
+        return composed_parser(tokenizer).adjust_request(request)
+    with pytest.raises(VLLMValidationError, match=FORCED_CALL_REFUSAL) as error:
+        composed_parser(tokenizer).adjust_request(request)
+    assert error.value.parameter == "tool_choice"
+    return None
+
+
 def one_call_per_output(tokenizer, tool_choice) -> bool:
     """Whether vLLM's grammar enforces ``parallel_tool_calls=False`` (vLLM 0.32 on):
     before, the structural tag is the same either way and allows several calls."""
@@ -381,9 +396,9 @@ def spark_calls(tokenizer, output, request, single: bool) -> list[tuple[str, Any
 def test_forced_tool_choice_gets_a_grammar_whose_every_output_is_a_spark_call(
     tokenizer, tool_choice
 ):
-    request = composed_parser(tokenizer).adjust_request(
-        chat_request(tool_choice=tool_choice, parallel_tool_calls=False)
-    )
+    request = adjust_forced(tokenizer, tool_choice=tool_choice, parallel_tool_calls=False)
+    if request is None:
+        return  # refused with the documented 400
     assert request.skip_special_tokens is False
     structural_tag = request.structured_outputs.structural_tag
     assert structural_tag and "<tool_call>get_weather" in structural_tag
@@ -417,9 +432,11 @@ def test_strict_tool_grammar_yields_schema_typed_arguments(tokenizer):
             },
         },
     }
-    request = composed_parser(tokenizer).adjust_request(
-        chat_request(tools=[strict_tool], tool_choice="required", parallel_tool_calls=False)
+    request = adjust_forced(
+        tokenizer, tools=[strict_tool], tool_choice="required", parallel_tool_calls=False
     )
+    if request is None:
+        return  # refused with the documented 400
     single = one_call_per_output(tokenizer, "required")
     # Whitespace around values is legal and unbounded; preferring anything else
     # lets the walk end.
@@ -447,7 +464,10 @@ def test_forced_tool_choice_without_structural_tags_is_a_clear_400(tokenizer, mo
         composed_parser(tokenizer).adjust_request(chat_request(tool_choice="required"))
     assert error.value.parameter == "tool_choice"
     message = str(error.value)
-    assert "tool_choice='required'" in message and "VLLM_ENFORCE_STRICT_TOOL_CALLING" in message
+    # Where vLLM cannot constrain forced calls at all (0.23), that is the reason given.
+    strict_off = "VLLM_ENFORCE_STRICT_TOOL_CALLING"
+    reason = strict_off if constrains_forced_calls() else FORCED_CALL_REFUSAL
+    assert "tool_choice='required'" in message and reason in message
     assert 'tool_choice="auto"' in message
 
     monkeypatch.setattr(Spark25ToolParser, "structural_tag_model", None)
@@ -624,21 +644,24 @@ def test_deepseek_r1_reasoning_parser_composes_only_while_thinking(tokenizer):
 # --- compat: both shapes of every drifting API ----------------------------------------------
 
 
-def test_vllm_0_23_path_without_find_tool_name(tokenizer, request_with_tools, monkeypatch):
-    """vLLM 0.23 has neither ``find_tool_name`` nor ``find_tool_properties``: the
-    parser falls back to reading function tools itself and parses the same."""
+@pytest.mark.parametrize("host_lookup", [True, False], ids=["vllm-0.24+", "vllm-0.23"])
+def test_tool_lookup_with_and_without_vllms_find_tool_name(
+    host_lookup, tokenizer, request_with_tools, monkeypatch
+):
+    """vLLM 0.23 has ``find_tool_properties`` but no ``find_tool_name``: the parser
+    then reads the function tools itself and parses the same."""
     import vllm.tool_parsers.utils as utils
 
-    expected = parse(tokenizer, f"x {COMPACT}", request_with_tools)
-    host_find = utils.find_tool_name
-    monkeypatch.delattr(utils, "find_tool_name")
-    monkeypatch.delattr(utils, "find_tool_properties")
-    assert not hasattr(utils, "find_tool_name")
+    expected = Parsed("x ", [("get_weather", '{"city":"Paris","days":3}')])  # either way
+    if host_lookup and not hasattr(utils, "find_tool_name"):
+        pytest.skip("this vLLM has no find_tool_name (0.23): the other case is its path")
+    if not host_lookup:
+        monkeypatch.delattr(utils, "find_tool_name", raising=False)  # absent on 0.23 itself
     assert parse(tokenizer, f"x {COMPACT}", request_with_tools) == expected
 
     tools = request_with_tools.tools
-    for name in ("get_weather", "typed", "nope", ""):
-        assert compat.find_tool_name(tools, name) is host_find(tools, name)
+    for name, declared in (("get_weather", True), ("typed", True), ("nope", False), ("", False)):
+        assert compat.find_tool_name(tools, name) is declared
     assert (
         compat.find_tool_properties(tools, "get_weather")
         == (WEATHER_TOOL["function"]["parameters"]["properties"])
@@ -658,20 +681,19 @@ def test_fallback_tool_lookup_reads_responses_function_tools(monkeypatch):
         strict=False,
     )
     assert compat.find_tool_name([tool], "lookup")
-    monkeypatch.delattr(utils, "find_tool_name")
-    monkeypatch.delattr(utils, "find_tool_properties")
+    monkeypatch.delattr(utils, "find_tool_name", raising=False)  # absent on 0.23 itself
     assert compat.find_tool_name([tool], "lookup")
     assert not compat.find_tool_name([tool], "other")
     assert compat.find_tool_properties([tool], "lookup") == {"q": {"type": "string"}}
 
 
 def test_protocol_types_and_tool_call_ids_from_older_module_locations(monkeypatch):
-    """Before vLLM 0.32 the protocol types lived in ``vllm.entrypoints.openai.engine.
-    protocol`` and ``make_tool_call_id`` in ``vllm.entrypoints.chat_utils``."""
+    """Before vLLM 0.29 the protocol types lived in ``vllm.entrypoints.openai.engine.
+    protocol``; before 0.32 ``make_tool_call_id`` lived in ``vllm.entrypoints.chat_utils``."""
     current = compat.tool_call_protocol()
     assert current.__name__ in (
-        "vllm.entrypoints.generate.base.protocol",
-        "vllm.entrypoints.openai.engine.protocol",  # 0.23 to 0.28 at least; run on 0.27.1
+        "vllm.entrypoints.generate.base.protocol",  # 0.29 and later
+        "vllm.entrypoints.openai.engine.protocol",  # 0.23 to 0.28
     )
     assert compat.tool_call_id_factory()().startswith("chatcmpl-tool-")
 
@@ -688,36 +710,19 @@ def test_protocol_types_and_tool_call_ids_from_older_module_locations(monkeypatc
     assert compat.tool_call_id_factory()() == "older-id"
 
     monkeypatch.setitem(sys.modules, "vllm.entrypoints.openai.engine.protocol", None)
-    monkeypatch.setitem(sys.modules, "vllm.entrypoints.openai.protocol", None)
     with pytest.raises(ImportError, match=r"vllm\.entrypoints\.generate\.base\.protocol"):
         compat.tool_call_protocol()
 
 
-def test_structural_tag_support_and_request_errors_on_older_releases(monkeypatch):
-    assert "glm_4_7" in compat.structural_tag_models()
-    assert Spark25ToolParser.structural_tag_model == "glm_4_7"
-    error = compat.request_validation_error("bad", parameter="tool_choice", value="required")
-    assert type(error).__name__ == "VLLMValidationError" and error.parameter == "tool_choice"
+def test_structural_tag_support_and_request_errors(monkeypatch):
+    import vllm.tool_parsers.structural_tag_registry as registry
 
-    monkeypatch.setitem(sys.modules, "vllm.tool_parsers.structural_tag_registry", None)
+    listed = hasattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS")  # vLLM 0.24 and later
+    assert ("glm_4_7" in compat.structural_tag_models()) is listed
+    assert Spark25ToolParser.structural_tag_model == ("glm_4_7" if listed else None)
+    error = compat.request_validation_error("bad", parameter="tool_choice", value="required")
+    assert type(error).__name__ == "VLLMValidationError"
+    assert (error.parameter, error.value) == ("tool_choice", "required")
+
+    monkeypatch.delattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS", raising=False)  # 0.23
     assert compat.structural_tag_models() == frozenset()
-    import vllm.exceptions
-
-    monkeypatch.delattr(vllm.exceptions, "VLLMValidationError")
-    error = compat.request_validation_error("bad", parameter="tool_choice", value="required")
-    assert type(error) is ValueError
-    assert str(error) == "bad (parameter=tool_choice, value=required)"
-
-
-def test_the_base_parser_gets_the_request_tools_only_where_it_takes_them(monkeypatch, tokenizer):
-    tools = chat_request().tools
-    assert compat.tool_parser_base_args(tokenizer, tools) == (tokenizer, tools)
-
-    class OlderToolParser:  # before vLLM 0.32 the base took the tokenizer only
-        def __init__(self, tokenizer):
-            self.model_tokenizer = tokenizer
-
-    monkeypatch.setattr(
-        compat, "_abstract_tool_parser", lambda: types.SimpleNamespace(ToolParser=OlderToolParser)
-    )
-    assert compat.tool_parser_base_args(tokenizer, tools) == (tokenizer,)

