@@ -733,8 +733,10 @@ class Spark25ToolParser(ToolParser):
         self._stream: _Scanner | None = None
 
     def adjust_request(self, request: Any) -> Any:
-        request = super().adjust_request(request)
+        # Before the base: on vLLM 0.23 it moves a forced request's "$defs" out of
+        # the tools it turns into a JSON grammar, and they would go unchecked.
         check_tools(request.tools)
+        request = super().adjust_request(request)
         if not request.tools or request.tool_choice == "none":
             return request
         # The call tags are special tokens: skipping them would hide every call.

@@ -130,7 +130,10 @@ def test_compat_drops_what_the_quantization_method_does_not_load():
     assert list(compat.quantized_checkpoint_names(None, weights)) == weights
     gptq = AutoGPTQConfig.from_config(quantize.GPTQ_CONFIG)
     kept = [name for name, _ in compat.quantized_checkpoint_names(gptq, weights)]
-    assert kept == ["a.qweight", "a.scales"]
+    if hasattr(gptq, "get_checkpoint_weight_mapper"):  # vLLM 0.32: its kernels take no g_idx
+        assert kept == ["a.qweight", "a.scales"]
+    else:  # 0.23 to 0.31 read every tensor, g_idx included
+        assert kept == names
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +158,10 @@ def test_every_quantized_parameter_is_filled_and_g_proj_stays_float(quantized, f
     assert type(attention.q_k_v_proj.quant_method).__name__ != "UnquantizedLinearMethod"
     quantized_param = "weight_scale" if fmt == quantize.W8A8_INT8 else "qweight"
     assert f"model.layers.0.mlp.gate_up_proj.{quantized_param}" in names
-    assert not any(name.endswith("g_idx") for name in names)
+    # g_idx is loaded exactly where the quantization method has a parameter for it
+    # (vLLM 0.23 to 0.31); vLLM 0.32's GPTQ kernels take none and it is dropped.
+    g_idx_params = {name for name, _ in model.named_parameters() if name.endswith("g_idx")}
+    assert {name for name in names if name.endswith("g_idx")} == g_idx_params
 
 
 @pytest.mark.usefixtures("vllm_model_env")
@@ -217,13 +223,20 @@ def test_gptq_in_float32_is_refused_by_vllm_naming_the_dtype(quantized):
 
 
 @pytest.mark.usefixtures("vllm_model_env")
-def test_w8a8_int8_in_float32_fails_in_vllms_cpu_kernel(quantized):
+def test_w8a8_int8_in_float32_runs_or_fails_with_vllms_kernel_error(quantized):
+    """vLLM 0.32's CPU int8 kernel refuses float32 activations (the documented
+    error); vLLM 0.23's runs them. Either way nothing else may happen."""
     checkpoint = quantized[quantize.W8A8_INT8]
     model = build_model(checkpoint, dtype="float32")
     model.load_weights(iter(checkpoint_tensors(checkpoint).items()))
     layer = model.model.layers[0].self_attn.out_proj
     layer.quant_method.process_weights_after_loading(layer)
-    with pytest.raises(RuntimeError, match="expect A to be bfloat16 or half"):
-        layer(torch.randn(3, layer.input_size))
+    try:
+        output = layer(torch.randn(3, layer.input_size))
+    except RuntimeError as error:
+        assert "expect A to be bfloat16 or half" in str(error)
+    else:
+        output = output[0] if isinstance(output, tuple) else output
+        assert output.shape == (3, layer.output_size) and output.isfinite().all()
     bf16_layer = build_model(checkpoint, dtype="bfloat16").model.layers[0].self_attn.out_proj
     assert bf16_layer.weight.dtype == torch.int8  # the same layer runs in bfloat16 when served

@@ -44,6 +44,7 @@ import openai
 
 from spark2_5_dev.soak_requests import (
     DISCONNECT_MAX_TOKENS,
+    NO_ANSWER,
     WELL_FORMED_KINDS,
     Answer,
     Case,
@@ -119,9 +120,12 @@ async def hang_up(client: openai.AsyncOpenAI, model: str, case: Case) -> int:
 
 async def refused(http: httpx.AsyncClient, case: Malformed) -> tuple[int, str]:
     """Status and error message of a malformed request (the whole body if not JSON)."""
-    response = await http.post(
-        "/v1/chat/completions", content=case.body, headers={"Content-Type": "application/json"}
-    )
+    try:
+        response = await http.post(
+            "/v1/chat/completions", content=case.body, headers={"Content-Type": "application/json"}
+        )
+    except (httpx.ReadError, httpx.RemoteProtocolError) as error:
+        return NO_ANSWER, f"connection closed without an answer ({type(error).__name__})"
     try:
         body = response.json()
     except ValueError:
@@ -130,6 +134,12 @@ async def refused(http: httpx.AsyncClient, case: Malformed) -> tuple[int, str]:
     if isinstance(error, dict):
         return response.status_code, str(error.get("message"))
     return response.status_code, str(body.get("detail", body) if isinstance(body, dict) else body)
+
+
+def host_bug_met(case: Malformed, status: int, message: str) -> bool:
+    """Whether the answer is exactly the known vLLM bug of ``case`` (see ``HostBug``)."""
+    bug = case.host_bug
+    return bug is not None and status == bug.status and all(w in message for w in bug.mentions)
 
 
 def refusal_problem(case: Malformed, status: int, message: str) -> str | None:
@@ -227,6 +237,7 @@ class Tally:
         self.label = label
         self.latencies: defaultdict[str, list[float]] = defaultdict(list)
         self.failures: list[dict[str, str]] = []
+        self.host_bugs: Counter[str] = Counter()
         self.in_flight = self.peak_in_flight = 0
 
     async def run(
@@ -251,6 +262,7 @@ class Tally:
         return {
             "requests": {kind: len(times) for kind, times in sorted(self.latencies.items())},
             "failures": len(self.failures),
+            "vllm_bugs_met": dict(sorted(self.host_bugs.items())),
             "peak_in_flight": self.peak_in_flight,
             "seconds": round(seconds, 1),
             "latency_ms": {
@@ -289,8 +301,14 @@ def _job(
     """One request of a pass, with the check of what comes back."""
     client, http = clients
     if isinstance(case, Malformed):
-        work = refused(http, case)
-        return tally.run("malformed", case.name, work, lambda got: refusal_problem(case, *got))
+
+        def check(got: tuple[int, str]) -> str | None:
+            if host_bug_met(case, *got):
+                tally.host_bugs[case.name] += 1
+                return None
+            return refusal_problem(case, *got)
+
+        return tally.run("malformed", case.name, refused(http, case), check)
     if case.kind == "disconnect":
         return tally.run(case.kind, case.name, hang_up(client, model, case), _hang_up_problem)
     alone = reference.get(case.name)

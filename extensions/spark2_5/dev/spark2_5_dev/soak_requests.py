@@ -4,8 +4,10 @@ Well-formed requests are the trained fixture's conversations
 (:mod:`spark2_5_dev.fixture`), each with the answer the fixture was trained to
 give where it has one; forced tool choices have none (the fixture was never
 trained to call a tool for the capital question), so their calls are checked
-against the tool's schema. Malformed requests are raw HTTP bodies, each with
-the words its 4xx message must contain to name the problem.
+against the tool's schema; where vLLM cannot constrain forced calls (0.23)
+they are refused with the documented 400 instead, and join the refused
+requests. Malformed requests are raw HTTP bodies, each with the words its 4xx
+message must contain to name the problem.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spark2_5_dev import fixture
+from spark2_5_dev.host_features import FORCED_CALL_REFUSAL, constrains_forced_calls
 
 # finish_reason, content, ((name, arguments), ...): what a client ends up with.
 Answer = tuple[str | None, str, tuple[tuple[str, str], ...]]
@@ -78,12 +81,26 @@ def _forced(kind: str, name: str, tool_choice: Any, question: str, stream: bool)
     return Case(kind, label, messages, tools, tool_choice, stream)
 
 
-def well_formed_cases() -> list[Case]:
-    """Plain chats, tool calls (streamed too) and forced tool choices."""
-    plain = ("stop", fixture.CAPITAL_ANSWER, ())
-    undeclared = fixture.tool_call_text("get_weather", fixture.PARIS_CALL)
+def forced_cases() -> list[Case]:
+    """``tool_choice="required"`` and named, streamed and not."""
     named_weather = {"type": "function", "function": {"name": "get_weather"}}
     named_time = {"type": "function", "function": {"name": "get_time"}}
+    return [
+        _forced(kind, name, choice, question, stream)
+        for kind, name, choice, question in (
+            ("required", "required-capital", "required", fixture.CAPITAL_QUESTION),
+            ("named", "named-weather-capital", named_weather, fixture.CAPITAL_QUESTION),
+            ("named", "named-time-tokyo", named_time, fixture.TOKYO_QUESTION),
+        )
+        for stream in (False, True)
+    ]
+
+
+def well_formed_cases() -> list[Case]:
+    """Plain chats, tool calls (streamed too) and, where this vLLM can constrain
+    them, forced tool choices."""
+    plain = ("stop", fixture.CAPITAL_ANSWER, ())
+    undeclared = fixture.tool_call_text("get_weather", fixture.PARIS_CALL)
     return [
         _trained("plain", "plain", plain),
         _trained("plain", "plain-with-tools", plain),
@@ -100,15 +117,7 @@ def well_formed_cases() -> list[Case]:
                 ("time-call", "get_time", fixture.TOKYO_CALL),
             )
         ),
-        *(
-            _forced(kind, name, choice, question, stream)
-            for kind, name, choice, question in (
-                ("required", "required-capital", "required", fixture.CAPITAL_QUESTION),
-                ("named", "named-weather-capital", named_weather, fixture.CAPITAL_QUESTION),
-                ("named", "named-time-tokyo", named_time, fixture.TOKYO_QUESTION),
-            )
-            for stream in (False, True)
-        ),
+        *(forced_cases() if constrains_forced_calls() else ()),
     ]
 
 
@@ -141,14 +150,29 @@ def schema_problem(case: Case, answer: Answer) -> str | None:
     return None
 
 
+# The status recorded when the server closes the connection without an answer.
+NO_ANSWER = 0
+
+
+@dataclass(frozen=True)
+class HostBug:
+    """A wrong answer some vLLM releases give to a request, whatever the carrier."""
+
+    status: int  # NO_ANSWER: the connection closed without one
+    mentions: tuple[str, ...]
+    seen_on: str
+
+
 @dataclass(frozen=True)
 class Malformed:
-    """A request the server must refuse: raw body, expected status, words naming it."""
+    """A request the server must refuse: raw body, expected status, words naming it,
+    and the answer of a known vLLM bug on the releases that have one."""
 
     name: str
     body: bytes
     mentions: tuple[str, ...]
     status: int = 400
+    host_bug: HostBug | None = None
 
 
 def _body(model: str, **fields: Any) -> bytes:
@@ -172,6 +196,11 @@ def _nested(levels: int) -> dict[str, Any]:
     return schema
 
 
+# Where the soak met each bug (scripts/run-matrix); the support matrix lists them.
+ARRAY_BODY_500 = "vLLM 0.23 to 0.27"
+EMPTY_MESSAGES_RESET = "vLLM 0.23 to 0.25 (the 400 is logged, then the ASGI app raises)"
+
+
 def malformed_cases(model: str) -> list[Malformed]:
     """Bodies no client should send: broken JSON, wrong types, invalid tools and
     tool choices, sizes beyond the server's limits, streamed and not."""
@@ -182,11 +211,23 @@ def malformed_cases(model: str) -> list[Malformed]:
     cases = [
         Malformed("not-json", b'{"model": "x", "messages": [', ("JSON decode error",)),
         Malformed("invalid-utf8", b'{"model": "\xff\xfe"}', ("error parsing the body",)),
-        Malformed("body-is-an-array", b"[]", ("valid dictionary",)),
+        Malformed(
+            "body-is-an-array",
+            b"[]",
+            ("valid dictionary",),
+            host_bug=HostBug(500, ("'list' object has no attribute 'get'",), ARRAY_BODY_500),
+        ),
         Malformed("deeply-nested-body", b"[" * 100_000, ("error parsing the body",)),
-        Malformed("empty-messages", _body(model, messages=[]), ("empty conversation",)),
-        Malformed("messages-not-a-list", _body(model, messages="hi"), ("body.messages", "list")),
-        Malformed("temperature-a-word", _body(model, temperature="hot"), ("body.temperature",)),
+        Malformed(
+            "empty-messages",
+            _body(model, messages=[]),
+            ("empty conversation",),
+            host_bug=HostBug(NO_ANSWER, ("connection closed",), EMPTY_MESSAGES_RESET),
+        ),
+        Malformed("messages-not-a-list", _body(model, messages="hi"), ("messages", "valid list")),
+        Malformed(
+            "temperature-a-word", _body(model, temperature="hot"), ("temperature", "valid number")
+        ),
         Malformed("max-tokens-oversized", _body(model, max_tokens=10**9), ("max_tokens=10",)),
         Malformed("max-tokens-negative", _body(model, max_tokens=-1), ("max_tokens", "-1")),
         Malformed("prompt-too-long", _prompt_too_long(model), ("maximum context length",)),
@@ -234,7 +275,27 @@ def malformed_cases(model: str) -> list[Malformed]:
                 ("tool_choice", "sometimes"),
             ),
         ]
-    return cases
+    return cases + _forced_refusals(model)
+
+
+def _forced_refusals(model: str) -> list[Malformed]:
+    """Forced tool choices where this vLLM cannot constrain them: the parser's 400."""
+    if constrains_forced_calls():
+        return []
+    return [
+        Malformed(
+            f"forced-without-structural-tags-{case.name}",
+            _body(
+                model,
+                messages=case.messages,
+                tools=case.tools,
+                tool_choice=case.tool_choice,
+                stream=case.stream,
+            ),
+            ("tool_choice", FORCED_CALL_REFUSAL),
+        )
+        for case in forced_cases()
+    ]
 
 
 def _prompt_too_long(model: str) -> bytes:
