@@ -4,7 +4,7 @@ The manager asks the installed ``packaging`` whether the installed host version
 is in ``host.version_range`` with ``SpecifierSet.contains``' default rule, and
 that default changed: packaging < 26 keeps a pre-release or dev build out of a
 range unless the range names a pre-release; packaging >= 26 lets one in when it
-lies between the bounds (``0.32.1rc1`` is in ``>=0.27.1,<0.33``). PEP 440 cannot
+lies between the bounds (``0.32.1rc1`` is in ``>=0.23.0,<0.33``). PEP 440 cannot
 spell "no pre-releases" for every version between two bounds, so this module
 answers as the installed ``packaging`` does and says so whenever the two rules
 disagree.
