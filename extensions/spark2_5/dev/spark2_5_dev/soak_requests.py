@@ -198,7 +198,7 @@ def _nested(levels: int) -> dict[str, Any]:
 
 # Where the soak met each bug (scripts/run-matrix); the support matrix lists them.
 ARRAY_BODY_500 = "vLLM 0.23 to 0.27"
-EMPTY_MESSAGES_RESET = "vLLM 0.23 to 0.25 (the 400 is logged, then the ASGI app raises)"
+EMPTY_MESSAGES_RESET = "vLLM 0.23 to 0.25, at times (the 400 is logged, then the ASGI app raises)"
 
 
 def malformed_cases(model: str) -> list[Malformed]:
