@@ -17,6 +17,7 @@ from carrier_harness.server import VllmServer, run_vllm_serve_expecting_failure
 from spark2_5_dev import tools
 from spark2_5_dev.carrier import clean_env
 from spark2_5_dev.host_features import FORCED_CALL_REFUSAL, constrains_forced_calls
+from spark2_5_dev.streamed import StreamedAnswer
 from spark2_5_dev.tools import with_parameters
 
 pytestmark = pytest.mark.serve
@@ -79,26 +80,11 @@ def complete(client, **args):
 def stream(client, **args):
     """Accumulate a streamed answer like a client; check each call starts with its id
     and name, and that the name arrives before any argument."""
-    finish_reason, content, calls = None, "", {}
-    for chunk_number, chunk in enumerate(client.chat.completions.create(stream=True, **args)):
-        if not chunk.choices:
-            continue
-        choice = chunk.choices[0]
-        finish_reason = choice.finish_reason or finish_reason
-        content += choice.delta.content or ""
-        for delta in choice.delta.tool_calls or []:
-            if delta.index not in calls:
-                assert delta.id and delta.function.name, delta
-                calls[delta.index] = {"name": delta.function.name, "named_at": chunk_number}
-                calls[delta.index].update(args="", argument_chunks=[])
-            call = calls[delta.index]
-            if delta.function.arguments:
-                call["args"] += delta.function.arguments
-                call["argument_chunks"].append(chunk_number)
-    for call in calls.values():
-        if json.loads(call["args"]):
-            assert call["named_at"] < min(call["argument_chunks"]), call
-    return finish_reason, content, [(calls[i]["name"], calls[i]["args"]) for i in sorted(calls)]
+    streamed = StreamedAnswer()
+    for chunk in client.chat.completions.create(stream=True, **args):
+        streamed.add(chunk)
+    assert not streamed.named_late(), streamed
+    return streamed.finish_reason, streamed.content, list(streamed.calls())
 
 
 def check_arguments(calls, tools):

@@ -54,6 +54,7 @@ from spark2_5_dev.soak_requests import (
     schema_problem,
     well_formed_cases,
 )
+from spark2_5_dev.streamed import StreamedAnswer
 
 REQUESTS_PER_PASS = 240
 # Shares of a pass; the rest are well-formed requests.
@@ -87,20 +88,10 @@ async def answer(client: openai.AsyncOpenAI, model: str, case: Case) -> Answer:
             (c.function.name, c.function.arguments) for c in choice.message.tool_calls or []
         )
         return choice.finish_reason, choice.message.content or "", calls
-    finish_reason, content, names, arguments = None, "", {}, defaultdict(str)
+    streamed = StreamedAnswer()
     async for chunk in await client.chat.completions.create(**case.arguments(model)):
-        if not chunk.choices:
-            continue
-        choice = chunk.choices[0]
-        finish_reason = choice.finish_reason or finish_reason
-        content += choice.delta.content or ""
-        for delta in choice.delta.tool_calls or []:
-            if delta.index not in names:
-                if not (delta.id and delta.function and delta.function.name):
-                    raise AssertionError(f"call {delta.index} began without id and name: {delta}")
-                names[delta.index] = delta.function.name
-            arguments[delta.index] += (delta.function and delta.function.arguments) or ""
-    return finish_reason, content, tuple((names[i], arguments[i]) for i in sorted(names))
+        streamed.add(chunk)
+    return streamed.finish_reason, streamed.content, streamed.calls()
 
 
 async def hang_up(client: openai.AsyncOpenAI, model: str, case: Case) -> int:

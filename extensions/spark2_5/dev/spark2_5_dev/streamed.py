@@ -1,0 +1,57 @@
+"""A streamed chat answer folded chunk by chunk, the way a client sees it; shared
+by the serve tests (sync ``openai`` client) and the soak (async)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class _Call:
+    name: str
+    named_at: int
+    arguments: str = ""
+    argument_chunks: list[int] = field(default_factory=list)
+
+
+@dataclass
+class StreamedAnswer:
+    """``finish_reason``, content and tool calls of a stream. A call must begin with
+    its id and name; :meth:`add` raises ``AssertionError`` otherwise."""
+
+    finish_reason: str | None = None
+    content: str = ""
+    chunks: int = 0
+    _calls: dict[int, _Call] = field(default_factory=dict)
+
+    def add(self, chunk: Any) -> None:
+        number, self.chunks = self.chunks, self.chunks + 1
+        if not chunk.choices:
+            return
+        choice = chunk.choices[0]
+        self.finish_reason = choice.finish_reason or self.finish_reason
+        self.content += choice.delta.content or ""
+        for delta in choice.delta.tool_calls or []:
+            if delta.index not in self._calls:
+                if not (delta.id and delta.function and delta.function.name):
+                    raise AssertionError(f"call {delta.index} began without id and name: {delta}")
+                self._calls[delta.index] = _Call(delta.function.name, number)
+            if delta.function and delta.function.arguments:
+                call = self._calls[delta.index]
+                call.arguments += delta.function.arguments
+                call.argument_chunks.append(number)
+
+    def calls(self) -> tuple[tuple[str, str], ...]:
+        """``(name, arguments)`` of each call, in index order."""
+        return tuple((self._calls[i].name, self._calls[i].arguments) for i in sorted(self._calls))
+
+    def named_late(self) -> list[str]:
+        """The calls with arguments whose name did not come in an earlier chunk than
+        every argument fragment."""
+        return [
+            call.name
+            for call in self._calls.values()
+            if json.loads(call.arguments) and call.named_at >= min(call.argument_chunks)
+        ]
