@@ -92,7 +92,7 @@ def test_tool_call(client, name, function, arguments):
     assert not choice.message.content
 
 
-def test_streamed_tool_call_matches_and_names_first(client):
+def test_streamed_tool_call_arrives_whole(client):
     case = conversation("weather-call")
     stream = client.chat.completions.create(
         model=client.models.list().data[0].id,
@@ -108,21 +108,14 @@ def test_streamed_tool_call_matches_and_names_first(client):
             continue
         delta = chunk.choices[0].delta
         content += delta.content or ""
-        for call in delta.tool_calls or []:
-            events.append(call)
+        events.extend(delta.tool_calls or [])
         finish_reason = chunk.choices[0].finish_reason or finish_reason
     assert finish_reason == "tool_calls"
     assert content == ""
-    name_at = next(i for i, e in enumerate(events) if e.function and e.function.name)
-    argument_events = [i for i, e in enumerate(events) if e.function and e.function.arguments]
-    assert events[name_at].function.name == "get_weather"
-    assert events[name_at].id
-    # The name arrives before the arguments end, and arguments come in pieces.
-    assert name_at < argument_events[-1]
-    assert len(argument_events) >= 2
-    arguments = "".join(events[i].function.arguments for i in argument_events)
-    assert json.loads(arguments) == fixture.PARIS_CALL
-    assert {e.index for e in events} == {0}
+    # One delta, sent when the call closed: id, name and the whole arguments.
+    (event,) = events
+    assert event.index == 0 and event.id and event.function.name == "get_weather"
+    assert json.loads(event.function.arguments) == fixture.PARIS_CALL
 
 
 def test_follow_up_after_tool_result(client):

@@ -78,12 +78,12 @@ def complete(client, **args):
 
 
 def stream(client, **args):
-    """Accumulate a streamed answer like a client; check each call starts with its id
-    and name, and that the name arrives before any argument."""
+    """Accumulate a streamed answer like a client; check each call arrives whole: id,
+    name and arguments in one chunk."""
     streamed = StreamedAnswer()
     for chunk in client.chat.completions.create(stream=True, **args):
         streamed.add(chunk)
-    assert not streamed.named_late(), streamed
+    assert not streamed.split_calls(), streamed
     return streamed.finish_reason, streamed.content, list(streamed.calls())
 
 
