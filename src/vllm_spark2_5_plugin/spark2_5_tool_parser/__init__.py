@@ -23,6 +23,7 @@ Spark25ToolParser``), the import path the carrier registers and users configure.
 from vllm_spark2_5_plugin.spark2_5_tool_parser.adapter import DeltaMessage, Spark25ToolParser
 from vllm_spark2_5_plugin.spark2_5_tool_parser.scanner import MAX_IDENTIFIER_CHARS
 from vllm_spark2_5_plugin.spark2_5_tool_parser.schema import (
+    MAX_GRAMMAR_SCHEMA_CHARS,
     MAX_SCHEMA_DEPTH,
     check_tools,
 )
@@ -35,6 +36,7 @@ from vllm_spark2_5_plugin.spark2_5_tool_parser.values import (
 )
 
 __all__ = [
+    "MAX_GRAMMAR_SCHEMA_CHARS",
     "MAX_IDENTIFIER_CHARS",
     "MAX_INTEGER_DIGITS",
     "MAX_JSON_DEPTH",

@@ -16,7 +16,7 @@ from typing import Any
 
 from vllm_spark2_5_plugin import compat
 from vllm_spark2_5_plugin.spark2_5_tool_parser.scanner import Scanner
-from vllm_spark2_5_plugin.spark2_5_tool_parser.schema import check_tools
+from vllm_spark2_5_plugin.spark2_5_tool_parser.schema import check_grammar_size, check_tools
 
 ToolParser = compat.tool_parser_base()
 _protocol = compat.tool_call_protocol()
@@ -104,7 +104,9 @@ class Spark25ToolParser(ToolParser):
         request.skip_special_tokens = False
         structured_outputs = getattr(request, "structured_outputs", None)
         structural_tag = getattr(structured_outputs, "structural_tag", None)
-        if structural_tag is None and _forces_call(request.tool_choice):
+        if structural_tag is not None:
+            check_grammar_size(request.tools, structural_tag)
+        elif _forces_call(request.tool_choice):
             raise _unconstrained_forced_call_error(self, request.tool_choice)
         return request
 

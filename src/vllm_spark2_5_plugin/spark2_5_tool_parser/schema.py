@@ -40,6 +40,13 @@ _SCHEMA_OBJECTS = frozenset(
 _SCHEMA_ARRAYS = frozenset(("anyOf", "oneOf", "allOf", "prefixItems"))
 _HOLDING_SCHEMAS = _SCHEMA_VALUED | _SCHEMA_OBJECTS | _SCHEMA_ARRAYS | {"items"}
 _CHECKED_KEYWORDS = _HOLDING_SCHEMAS | {"type", "required", "enum"}
+# The most characters of structural tag (the call grammar vLLM hands xgrammar: the
+# tools' names, keys and value schemas) one request may have compiled. Compile
+# time grows faster than the tag (about 1 s at this size, 3 to 7 s at three
+# times it, 23 to 84 s at ten times it on a 2-core CPU: benchmarks.md), and
+# compiles queue for a small pool of workers, so a bigger tag would hold up
+# every later constrained request.
+MAX_GRAMMAR_SCHEMA_CHARS = 350_000
 
 
 def _name_problem(name: str) -> str | None:
@@ -153,3 +160,26 @@ def check_tools(tools: Sequence[Any] | None) -> None:
                 parameter="tools",
                 value=_shown(name),
             )
+
+
+def check_grammar_size(tools: Sequence[Any] | None, structural_tag: str) -> None:
+    """Refuse, with a 400 naming the largest tool, a request whose call grammar
+    (``structural_tag``, the JSON vLLM compiles) is longer than
+    ``MAX_GRAMMAR_SCHEMA_CHARS``."""
+    size = len(structural_tag)
+    if size <= MAX_GRAMMAR_SCHEMA_CHARS:
+        return
+    sizes = [
+        (len(json.dumps(schema, ensure_ascii=False)), name)
+        for name, schema in compat.function_tools(tools)
+    ]
+    largest, name = max(sizes, default=(0, ""))
+    raise compat.request_validation_error(
+        f"tools: the grammar that constrains this request's tool calls would be "
+        f"{size:,} characters, more than the {MAX_GRAMMAR_SCHEMA_CHARS:,} one request may "
+        f"have compiled; the largest tool is function {_shown(name)} (parameters of "
+        f"{largest:,} characters). Fix: send fewer tools or fewer parameters, or "
+        f'tool_choice="auto" without "strict" tools.',
+        parameter="tools",
+        value=_shown(name),
+    )
