@@ -145,6 +145,13 @@ def test_responses_api_at_every_cut(client, model, cuts):
             final = stream.get_final_response()
         assert events[-1] == "response.completed", max_tokens
         assert "error" not in events
+        if calls:  # the call's events, in order, its arguments in one delta
+            assert [e for e in events if "function_call" in e or "output_item" in e] == [
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+            ]
         assert responses_summary(final) == (status, text, calls), max_tokens
         raw = client.responses.create(**kwargs, stream=True)
         done = [event.item for event in raw if event.type == "response.output_item.done"]
