@@ -152,16 +152,23 @@ def responses_summary(items) -> tuple:
 
 
 def responses_non_streamed(parser, text: str, request) -> tuple:
+    return responses_summary(responses_items(parser, text, request))
+
+
+def responses_items(parser, text: str, request) -> list:
     from vllm.entrypoints.openai.responses.utils import build_response_output_items
 
     reasoning, content, calls = parser.parse(text, request, enable_auto_tools=True)
-    items = build_response_output_items(
+    return build_response_output_items(
         reasoning=reasoning, content=content, tool_calls=calls or [], tools=request.tools
     )
-    return responses_summary(items)
 
 
 def responses_streamed(parser, deltas: list[tuple[str, int]], request) -> tuple:
+    return responses_summary(responses_streamed_items(parser, deltas, request))
+
+
+def responses_streamed_items(parser, deltas: list[tuple[str, int]], request) -> list:
     """vLLM's own simple streaming loop over one context per token."""
     from vllm.entrypoints.openai.responses.context import SimpleContext
     from vllm.outputs import CompletionOutput, RequestOutput
@@ -185,7 +192,7 @@ def responses_streamed(parser, deltas: list[tuple[str, int]], request) -> tuple:
         return [event async for event in events]
 
     asyncio.run(run())
-    return responses_summary(context.streamed_output_items or [])
+    return context.streamed_output_items or []
 
 
 SERVED = {
@@ -216,3 +223,21 @@ def test_every_cut_of_every_output_folds_alike_streamed_or_not(tokenizer, api, r
             assert calls == whole_calls[: len(calls)], (output, cut, calls)
             for _, arguments in calls:
                 assert isinstance(json.loads(arguments), dict)
+
+
+def test_stray_markup_in_a_call_comes_before_the_call_in_both_responses(tokenizer):
+    """The markup arrives with its call; the Responses stream shows it as a message
+    item before the call's item, the order of the non-streamed response."""
+    parser_cls = serving_parser_cls(tokenizer)
+    request = requests()["responses"]
+    output = call("get_weather", [("city", "Paris")], stray=" note ")
+    deltas = token_deltas(tokenizer, output)
+    streamed = responses_streamed_items(parser_cls(tokenizer, request.tools), deltas, request)
+    whole = responses_items(parser_cls(tokenizer, request.tools), output, request)
+    for items in (streamed, whole):
+        assert [item.type for item in items] == ["message", "function_call"]
+        assert responses_summary(items) == (
+            None,
+            " note ",
+            [("get_weather", '{"city":"Paris"}')],
+        )

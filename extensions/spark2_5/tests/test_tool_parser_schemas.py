@@ -13,6 +13,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
+from spark2_5_dev.fixture import tool_call_text
 from spark2_5_dev.host_features import constrains_forced_calls
 from spark2_5_dev.tool_parsing import (
     Parsed,
@@ -42,16 +43,6 @@ def parse(tokenizer, text: str, tools: list[dict[str, Any]]) -> Parsed:
     result = non_streaming(Spark25ToolParser(tokenizer), text, request)
     assert stream_tool_parser(Spark25ToolParser(tokenizer), list(text), request) == result
     return result
-
-
-def rendered_call(name: str, arguments: dict[str, Any]) -> str:
-    """A call as Spark2_5's chat template renders it: strings raw, the rest as JSON."""
-    pairs = "".join(
-        f"<arg_key>{key}</arg_key><arg_value>"
-        f"{value if isinstance(value, str) else json.dumps(value)}</arg_value>"
-        for key, value in arguments.items()
-    )
-    return f"<tool_call>{name}{pairs}</tool_call>"
 
 
 # --- $ref --------------------------------------------------------------------------------
@@ -94,7 +85,7 @@ def test_pydantic_function_tool_models_round_trip(tokenizer, search):
     so each model-typed argument comes back as an object, not a JSON string."""
     tool = openai.pydantic_function_tool(Search, name="search")
     assert '"$ref"' in json.dumps(tool)  # the case at hand: pydantic refers to $defs
-    text = rendered_call("search", search.model_dump(mode="json"))
+    text = tool_call_text("search", search.model_dump(mode="json"))
     (call,) = parse(tokenizer, text, [tool]).calls
     assert call[0] == "search"
     assert Search.model_validate_json(call[1]) == search

@@ -119,7 +119,14 @@ def test_forced_tool_choice_returns_a_spark_call_streamed_or_not(client, tools, 
                 create(client, **args)
         return
     finish_reason, content, calls = complete(client, **args)
-    assert len(calls) == 1 and calls[0][0] in names, (finish_reason, content, calls)
+    if not calls:
+        # The random model may pad a strict value with whitespace until max_tokens
+        # cuts the call: then it is no call, its text (a forced Spark call's start)
+        # is the content.
+        assert finish_reason == "length", (finish_reason, content)
+        assert any(content.startswith(f"<tool_call>{name}") for name in names), content
+    else:
+        assert len(calls) == 1 and calls[0][0] in names, (finish_reason, content, calls)
     check_arguments(calls, tools)
     # OpenAI reports a named call with "stop", a required one with "tool_calls";
     # before 0.32 vLLM's non-streaming path may say "length" where the stream says
