@@ -146,24 +146,38 @@ def many_properties(count: int) -> dict[str, Any]:
     return function_tool("big", "A tool with many parameters.", schema)
 
 
-def forced(tokenizer, tool: dict[str, Any], tool_choice: Any = "required") -> Any:
-    request = chat_request(tools=[tool], tool_choice=tool_choice)
+def forced(tokenizer, tool: dict[str, Any], tool_choice: Any = "required", api="chat") -> Any:
+    """The request after vLLM's serving-layer parser (and so spark25) adjusted it."""
+    if api == "chat":
+        request = chat_request(tools=[tool], tool_choice=tool_choice)
+    else:
+        from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+        tools = [{"type": "function", **tool["function"]}]
+        request = ResponsesRequest(model="tiny", input="?", tools=tools, tool_choice=tool_choice)
     return serving_parser_cls(tokenizer)(tokenizer, request.tools).adjust_request(request)
 
 
 @pytest.mark.skipif(not constrains_forced_calls(), reason="vLLM 0.23 refuses forced calls")
 @pytest.mark.parametrize(
-    "tool_choice", ["required", {"type": "function", "function": {"name": "big"}}]
+    ("api", "tool_choice"),
+    [
+        ("chat", "required"),
+        ("chat", {"type": "function", "function": {"name": "big"}}),
+        ("responses", "required"),
+        ("responses", {"type": "function", "name": "big"}),
+    ],
+    ids=["chat-required", "chat-named", "responses-required", "responses-named"],
 )
 def test_a_forced_call_grammar_beyond_the_bound_is_a_400_naming_tool_size_and_limit(
-    tokenizer, tool_choice
+    tokenizer, api, tool_choice
 ):
     """1,000 short properties (the docs' figure) compile; 1,100 are refused before
     vLLM compiles anything, with the tool, the grammar's size and the limit."""
-    request = forced(tokenizer, many_properties(1000), tool_choice)
+    request = forced(tokenizer, many_properties(1000), tool_choice, api)
     assert len(request.structured_outputs.structural_tag) <= MAX_GRAMMAR_SCHEMA_CHARS
     with pytest.raises(Exception, match='the largest tool is function "big"') as refusal:
-        forced(tokenizer, many_properties(1100), tool_choice)
+        forced(tokenizer, many_properties(1100), tool_choice, api)
     message = str(refusal.value)
     size = int(message.split("would be ", 1)[1].split(" characters", 1)[0].replace(",", ""))
     assert size > MAX_GRAMMAR_SCHEMA_CHARS

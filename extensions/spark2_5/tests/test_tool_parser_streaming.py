@@ -120,6 +120,17 @@ def test_one_character_deltas_and_no_tools(tokenizer, text):
 
 
 @PROPERTY_SETTINGS
+@given(outputs, st.data())
+def test_a_cut_never_yields_a_call_the_whole_output_does_not_make(tokenizer, text, data):
+    """Cut anywhere (``max_tokens``), an output's calls are the first calls of the
+    whole output, each whole: a call the cut falls inside is content."""
+    whole = non_streaming(Spark25ToolParser(tokenizer), text, REQUEST).calls
+    cut = text[: data.draw(st.integers(0, len(text)))]
+    calls = non_streaming(Spark25ToolParser(tokenizer), cut, REQUEST).calls
+    assert calls == whole[: len(calls)]
+
+
+@PROPERTY_SETTINGS
 @given(output_and_cuts())
 def test_streamed_content_is_never_taken_back(tokenizer, text_and_cuts):
     """After every delta the content streamed so far is a prefix of the final
