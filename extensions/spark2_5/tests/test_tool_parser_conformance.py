@@ -27,20 +27,15 @@ from typing import Any
 
 import pytest
 
+from spark2_5_dev.host_features import streams_responses_through_parser
 from spark2_5_dev.tool_parsing import WEATHER_TOOL, chat_request, load_tokenizer, serving_parser_cls
 from vllm_spark2_5_plugin.spark2_5_tool_parser import DeltaMessage
 
 pytestmark = pytest.mark.slow
+RESPONSES_PATH = "the Responses path tested is vLLM 0.32's (SimpleStreamingEventProcessor)"
 
-responses_serving = pytest.importorskip(
-    "vllm.entrypoints.openai.responses.serving",
-    reason="vLLM before 0.32 has another Responses streaming path",
-)
-if not hasattr(
-    pytest.importorskip("vllm.entrypoints.openai.responses.streaming_events"),
-    "SimpleStreamingEventProcessor",
-):
-    pytest.skip("this vLLM has no SimpleStreamingEventProcessor", allow_module_level=True)
+if not streams_responses_through_parser():
+    pytest.skip(RESPONSES_PATH, allow_module_level=True)
 
 TIME_TOOL = {
     "type": "function",
@@ -171,9 +166,11 @@ def responses_streamed(parser, deltas: list[tuple[str, int]], request) -> tuple:
 def responses_streamed_items(parser, deltas: list[tuple[str, int]], request) -> list:
     """vLLM's own simple streaming loop over one context per token."""
     from vllm.entrypoints.openai.responses.context import SimpleContext
+    from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
     from vllm.outputs import CompletionOutput, RequestOutput
 
-    serving = object.__new__(responses_serving.OpenAIServingResponses)
+    # vLLM's loop needs nothing of the serving object but its _raise_if_error.
+    serving = object.__new__(OpenAIServingResponses)
     context = SimpleContext(response_parser=parser)
 
     async def outputs():
