@@ -14,7 +14,7 @@ so what a consumer receives never has to be taken back or completed.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm_spark2_5_plugin import compat
@@ -113,14 +113,14 @@ class Scanner:
         if self._state == "name":
             self._reject_block()
         elif self._state in _IN_CALL:
-            # Cut off (max_tokens, a stop string, the end of the output): the call
-            # may lack pairs or a value its end, so it is not presented as a call.
+            # Cut off (max_tokens, a stop string, EOS): the call may lack pairs or the
+            # end of a value, so it is not presented as a call; its text is content.
             self._out = self.content
             self.content.append("".join(self._block))
             self._block = []
             self._state = "content"
 
-    def _read(self, handle: Any, piece: str) -> None:
+    def _read(self, handle: Callable[[str], None], piece: str) -> None:
         """``handle(piece)``, keeping the open block's text."""
         handle(piece)
         if self._state != "content":
