@@ -1,6 +1,13 @@
 """End to end through the front door: ``vllm serve`` of the trained Spark2_5 fixture
 with ``--enable-auto-tool-choice --tool-call-parser spark25`` (carrier enabled, no
-``--trust-remote-code``), driven by the official ``openai`` client."""
+``--trust-remote-code``), driven by the official ``openai`` client.
+
+Every OpenAI surface the server offers is tried at every ``max_tokens`` cut of a
+tool call: Chat Completions (``create``, ``stream()``, ``parse()`` with
+``pydantic_function_tool``) and the Responses API (``create``, ``stream()``)
+return the same thing streamed or not and never a cut call as a call, and carry
+the agent loop (tool result back, next turn); ``tool_choice="none"`` returns the
+markup without or with its tags as ``docs/tool-calling.md`` says."""
 
 from __future__ import annotations
 
@@ -8,12 +15,20 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
+import pydantic
 import pytest
+from transformers import PreTrainedTokenizerFast
 
 from carrier_harness.server import VllmServer
 from spark2_5_dev import fixture
 from spark2_5_dev.carrier import clean_env
-from spark2_5_dev.host_features import FORCED_CALL_REFUSAL, constrains_forced_calls
+from spark2_5_dev.host_features import (
+    FORCED_CALL_REFUSAL,
+    constrains_forced_calls,
+    flushes_stream_end,
+    streams_responses_through_parser,
+)
+from spark2_5_dev.streamed import StreamedAnswer
 
 pytestmark = pytest.mark.serve
 
@@ -92,7 +107,7 @@ def test_tool_call(client, name, function, arguments):
     assert not choice.message.content
 
 
-def test_streamed_tool_call_matches_and_names_first(client):
+def test_streamed_tool_call_arrives_whole(client):
     case = conversation("weather-call")
     stream = client.chat.completions.create(
         model=client.models.list().data[0].id,
@@ -108,21 +123,14 @@ def test_streamed_tool_call_matches_and_names_first(client):
             continue
         delta = chunk.choices[0].delta
         content += delta.content or ""
-        for call in delta.tool_calls or []:
-            events.append(call)
+        events.extend(delta.tool_calls or [])
         finish_reason = chunk.choices[0].finish_reason or finish_reason
     assert finish_reason == "tool_calls"
     assert content == ""
-    name_at = next(i for i, e in enumerate(events) if e.function and e.function.name)
-    argument_events = [i for i, e in enumerate(events) if e.function and e.function.arguments]
-    assert events[name_at].function.name == "get_weather"
-    assert events[name_at].id
-    # The name arrives before the arguments end, and arguments come in pieces.
-    assert name_at < argument_events[-1]
-    assert len(argument_events) >= 2
-    arguments = "".join(events[i].function.arguments for i in argument_events)
-    assert json.loads(arguments) == fixture.PARIS_CALL
-    assert {e.index for e in events} == {0}
+    # One delta, sent when the call closed: id, name and the whole arguments.
+    (event,) = events
+    assert event.index == 0 and event.id and event.function.name == "get_weather"
+    assert json.loads(event.function.arguments) == fixture.PARIS_CALL
 
 
 def test_follow_up_after_tool_result(client):
@@ -175,3 +183,200 @@ def test_concurrent_mixed_requests_match_sequential_answers(client):
         together = list(pool.map(answer, batch))
     for case, result in zip(batch, together, strict=True):
         assert result == alone[case.name], case.name
+
+
+# --- every OpenAI surface, at every cut -------------------------------------------------
+
+QUESTION = [{"role": "user", "content": fixture.PARIS_QUESTION}]
+REPLY = fixture.tool_call_text("get_weather", fixture.PARIS_CALL)
+ARGUMENTS = json.dumps(fixture.PARIS_CALL, separators=(",", ":"))
+RESPONSES_PATH = "the Responses path documented is vLLM 0.32's (SimpleStreamingEventProcessor)"
+RESPONSES_TOOL = {"type": "function", **fixture.WEATHER_TOOL["function"]}
+
+
+class GetWeather(pydantic.BaseModel):
+    city: str
+    days: int
+
+
+@pytest.fixture(scope="module")
+def model(client):
+    return client.models.list().data[0].id
+
+
+@pytest.fixture(scope="module")
+def cuts(spark_chat_model):
+    """Every ``max_tokens`` that ends the reply inside the call, the one that ends it
+    right after ``</tool_call>`` (before the end-of-text token), and one that does
+    not cut."""
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(spark_chat_model))
+    reply_tokens = len(tokenizer.encode(REPLY, add_special_tokens=False))
+    return [*range(1, reply_tokens + 1), 120]
+
+
+def ask_weather(client, model, max_tokens, **kwargs):
+    choice = client.chat.completions.create(
+        model=model,
+        messages=QUESTION,
+        tools=[fixture.WEATHER_TOOL],
+        temperature=0,
+        max_tokens=max_tokens,
+        **kwargs,
+    ).choices[0]
+    calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+    return choice.finish_reason, choice.message.content or "", calls
+
+
+def chat_stream_helper(client, model, max_tokens):
+    """``chat.completions.stream()``: its events, and the chunks it folds."""
+    streamed = StreamedAnswer()
+    with client.chat.completions.stream(
+        model=model,
+        messages=QUESTION,
+        tools=[fixture.WEATHER_TOOL],
+        temperature=0,
+        max_tokens=max_tokens,
+    ) as stream:
+        for event in stream:
+            if event.type == "chunk":
+                streamed.add(event.chunk)
+    assert not streamed.split_calls(), streamed
+    return streamed.finish_reason, streamed.content, list(streamed.calls())
+
+
+def test_chat_completions_at_every_cut(client, model, cuts):
+    """A cut call is content, verbatim, with ``length``; only a closed call is a call.
+    ``create`` and ``stream()`` agree (vLLM 0.23, which never ends the parser's
+    stream, sends a prefix of that content), but for the finish reason of a closed
+    call cut before the end of the output: vLLM 0.32 rewrites it to ``tool_calls``
+    unstreamed."""
+    whole = ("", [("get_weather", ARGUMENTS)])
+    for max_tokens in cuts:
+        finish_reason, content, calls = ask_weather(client, model, max_tokens)
+        streamed_reason, streamed_content, streamed_calls = chat_stream_helper(
+            client, model, max_tokens
+        )
+        assert streamed_calls == calls, max_tokens
+        if flushes_stream_end():
+            assert streamed_content == content, max_tokens
+        else:
+            assert content.startswith(streamed_content), max_tokens
+        if max_tokens < cuts[-2]:
+            assert (finish_reason, streamed_reason, calls) == ("length", "length", [])
+            assert content and REPLY.startswith(content), (max_tokens, content)
+        elif max_tokens == cuts[-2]:
+            assert (content, calls) == whole
+            assert (finish_reason, streamed_reason) in {("tool_calls", "length"), ("length",) * 2}
+        else:
+            assert (finish_reason, streamed_reason, content, calls) == ("tool_calls",) * 2 + whole
+
+
+def responses_summary(response):
+    calls = [(o.name, o.arguments) for o in response.output if o.type == "function_call"]
+    text = "".join(part.text for o in response.output if o.type == "message" for part in o.content)
+    return response.status, text, calls
+
+
+@pytest.mark.skipif(not streams_responses_through_parser(), reason=RESPONSES_PATH)
+def test_responses_api_at_every_cut(client, model, cuts):
+    """``responses.create`` and ``responses.stream()`` agree at every cut: no
+    ``function_call`` item for a cut call (its text is a message), status
+    ``incomplete``; the stream ends with ``response.completed`` carrying that status."""
+    for max_tokens in cuts:
+        kwargs = {"model": model, "input": fixture.PARIS_QUESTION, "tools": [RESPONSES_TOOL]}
+        kwargs.update(temperature=0, max_output_tokens=max_tokens)
+        response = client.responses.create(**kwargs)
+        status, text, calls = responses_summary(response)
+        if max_tokens < cuts[-2]:
+            assert (status, calls) == ("incomplete", []), max_tokens
+            assert text and REPLY.startswith(text), (max_tokens, text)
+        else:
+            assert (text, calls) == ("", [("get_weather", ARGUMENTS)])
+        if max_tokens < cuts[-1]:
+            assert status == "incomplete"
+            assert response.incomplete_details.reason == "max_output_tokens"
+        else:
+            assert status == "completed"
+        with client.responses.stream(**kwargs) as stream:
+            events = [event.type for event in stream]
+            final = stream.get_final_response()
+        assert events[-1] == "response.completed", max_tokens
+        assert "error" not in events
+        if calls:  # the call's events, in order, its arguments in one delta
+            assert [e for e in events if "function_call" in e or "output_item" in e] == [
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+            ]
+        assert responses_summary(final) == (status, text, calls), max_tokens
+        raw = client.responses.create(**kwargs, stream=True)
+        done = [event.item for event in raw if event.type == "response.output_item.done"]
+        assert [(i.name, i.arguments) for i in done if i.type == "function_call"] == calls
+
+
+def test_chat_completions_parse_with_a_pydantic_function_tool(client, model):
+    tool = openai.pydantic_function_tool(GetWeather, name="get_weather")
+    for tool_choice in ("auto", "required"):
+        completion = client.chat.completions.parse(
+            model=model,
+            messages=QUESTION,
+            tools=[tool],
+            tool_choice=tool_choice,
+            temperature=0,
+            max_tokens=120,
+        )
+        (call,) = completion.choices[0].message.tool_calls
+        assert call.function.parsed_arguments == GetWeather(**fixture.PARIS_CALL)
+    # Cut inside the call: no call to parse, and the SDK says why.
+    with pytest.raises(openai.LengthFinishReasonError):
+        client.chat.completions.parse(
+            model=model, messages=QUESTION, tools=[tool], temperature=0, max_tokens=20
+        )
+
+
+def test_agent_loop_on_both_apis(client, model):
+    """The call goes out, its result comes back, the next turn answers from it."""
+    message = (
+        client.chat.completions.create(
+            model=model,
+            messages=QUESTION,
+            tools=[fixture.WEATHER_TOOL],
+            temperature=0,
+            max_tokens=120,
+        )
+        .choices[0]
+        .message
+    )
+    (call,) = message.tool_calls
+    turn = [
+        *QUESTION,
+        message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": fixture.PARIS_TOOL_RESULT},
+    ]
+    answer = client.chat.completions.create(
+        model=model, messages=turn, tools=[fixture.WEATHER_TOOL], temperature=0, max_tokens=120
+    ).choices[0]
+    assert (answer.finish_reason, answer.message.content) == ("stop", fixture.PARIS_FOLLOW_UP)
+
+    if not streams_responses_through_parser():
+        return  # RESPONSES_PATH
+    kwargs = {"model": model, "tools": [RESPONSES_TOOL], "temperature": 0}
+    first = client.responses.create(input=fixture.PARIS_QUESTION, **kwargs)
+    (item,) = first.output
+    assert (item.type, item.name, item.arguments) == ("function_call", "get_weather", ARGUMENTS)
+    result = {"type": "function_call_output", "call_id": item.call_id}
+    result["output"] = fixture.PARIS_TOOL_RESULT
+    turn = [*QUESTION, item.model_dump(exclude_none=True), result]
+    second = client.responses.create(input=turn, **kwargs)
+    assert (second.status, second.output_text) == ("completed", fixture.PARIS_FOLLOW_UP)
+
+
+def test_tool_choice_none_returns_the_markup_without_or_with_its_tags(client, model):
+    """The tags are special tokens: vLLM drops them unless the request keeps them."""
+    _, stripped, calls = ask_weather(client, model, 120, tool_choice="none")
+    assert calls == [] and stripped == "get_weathercityParisdays3"
+    _, verbatim, calls = ask_weather(
+        client, model, 120, tool_choice="none", extra_body={"skip_special_tokens": False}
+    )
+    assert calls == [] and verbatim == REPLY

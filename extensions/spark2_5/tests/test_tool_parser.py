@@ -235,15 +235,23 @@ def test_without_callable_tools_everything_is_content(tokenizer, request_fields)
         ("<tool_call>" + "x" * (MAX_IDENTIFIER_CHARS + 1), Parsed("<tool_call>" + "x" * 257)),
         (
             "<tool_call>get_weather<arg_key>city",
-            Parsed("<arg_key>city", [("get_weather", "{}")]),
+            Parsed("<tool_call>get_weather<arg_key>city"),
         ),
         (
             "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Pa",
-            Parsed("<arg_key>city</arg_key><arg_value>Pa", [("get_weather", "{}")]),
+            Parsed("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Pa"),
         ),
         (
-            "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>",
-            Parsed(None, [("get_weather", '{"city":"Paris"}')]),
+            "<tool_call>get_weather\n<arg_key>city</arg_key> <arg_value>Paris</arg_value>\n",
+            Parsed(
+                "<tool_call>get_weather\n<arg_key>city</arg_key> <arg_value>Paris</arg_value>\n"
+            ),
+        ),
+        (
+            "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>stray",
+            Parsed(
+                "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>stray"
+            ),
         ),
         (
             "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</tool_call>after",
@@ -296,6 +304,7 @@ def test_without_callable_tools_everything_is_content(tokenizer, request_fields)
         "unterminated-key",
         "unterminated-value",
         "unclosed-call",
+        "unclosed-call-with-stray-text",
         "value-cut-by-call-end",
         "text-between-key-and-value",
         "text-after-name",

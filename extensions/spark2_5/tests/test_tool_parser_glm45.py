@@ -204,9 +204,9 @@ DIFFERENCES = [
         "unterminated-pair",
         "x <tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Par",
         Parsed("x", [("get_weather", "{}")]),
-        Parsed("x <arg_key>city</arg_key>\n<arg_value>Par", [("get_weather", "{}")]),
-        "both keep the call (streaming clients already have it); spark25 also returns the "
-        "unfinished pair as content instead of dropping it",
+        Parsed("x <tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Par", []),
+        "glm45 returns the cut-off call without its unfinished pair, as if complete; spark25 "
+        "returns a call that was never closed verbatim as content, so a client never runs it",
         older_glm45=Parsed("x <tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Par", []),
     ),
     Difference(
@@ -217,8 +217,8 @@ DIFFERENCES = [
             "<arg_key>city</arg_key>\n<arg_value>Rome</arg_value>",
             [("get_weather", '{"city":"Paris"}')],
         ),
-        "arguments stream pair by pair, so spark25 cannot let a later pair replace one "
-        "already sent: the repeat is returned as content",
+        "glm45 lets the later pair replace the first; spark25 keeps the first and returns "
+        "the repeat as content, as it returns every pair that does not fit",
     ),
     Difference(
         "text-inside-a-call",

@@ -78,12 +78,12 @@ def complete(client, **args):
 
 
 def stream(client, **args):
-    """Accumulate a streamed answer like a client; check each call starts with its id
-    and name, and that the name arrives before any argument."""
+    """Accumulate a streamed answer like a client; check each call arrives whole: id,
+    name and arguments in one chunk."""
     streamed = StreamedAnswer()
     for chunk in client.chat.completions.create(stream=True, **args):
         streamed.add(chunk)
-    assert not streamed.named_late(), streamed
+    assert not streamed.split_calls(), streamed
     return streamed.finish_reason, streamed.content, list(streamed.calls())
 
 
@@ -119,7 +119,14 @@ def test_forced_tool_choice_returns_a_spark_call_streamed_or_not(client, tools, 
                 create(client, **args)
         return
     finish_reason, content, calls = complete(client, **args)
-    assert len(calls) == 1 and calls[0][0] in names, (finish_reason, content, calls)
+    if not calls:
+        # The random model may pad a strict value with whitespace until max_tokens
+        # cuts the call: then it is no call, its text (a forced Spark call's start)
+        # is the content.
+        assert finish_reason == "length", (finish_reason, content)
+        assert any(content.startswith(f"<tool_call>{name}") for name in names), content
+    else:
+        assert len(calls) == 1 and calls[0][0] in names, (finish_reason, content, calls)
     check_arguments(calls, tools)
     # OpenAI reports a named call with "stop", a required one with "tool_calls";
     # before 0.32 vLLM's non-streaming path may say "length" where the stream says

@@ -1,6 +1,6 @@
 """Streaming ``spark25``: whatever the output and however it is cut into deltas, a
-client ends up with exactly the non-streaming result, receives each call's id and
-name as soon as the name is complete and its arguments pair by pair, never sees a
+client ends up with exactly the non-streaming result, receives each call whole the
+moment it closes (never a call that a cut could leave unfinished), never sees a
 partial tag as content, and the parser's work grows linearly with the output."""
 
 from __future__ import annotations
@@ -120,6 +120,17 @@ def test_one_character_deltas_and_no_tools(tokenizer, text):
 
 
 @PROPERTY_SETTINGS
+@given(outputs, st.data())
+def test_a_cut_never_yields_a_call_the_whole_output_does_not_make(tokenizer, text, data):
+    """Cut anywhere (``max_tokens``), an output's calls are the first calls of the
+    whole output, each whole: a call the cut falls inside is content."""
+    whole = non_streaming(Spark25ToolParser(tokenizer), text, REQUEST).calls
+    cut = text[: data.draw(st.integers(0, len(text)))]
+    calls = non_streaming(Spark25ToolParser(tokenizer), cut, REQUEST).calls
+    assert calls == whole[: len(calls)]
+
+
+@PROPERTY_SETTINGS
 @given(output_and_cuts())
 def test_streamed_content_is_never_taken_back(tokenizer, text_and_cuts):
     """After every delta the content streamed so far is a prefix of the final
@@ -148,41 +159,33 @@ def test_a_partial_tag_is_held_back_until_it_resolves(tokenizer):
     assert parser.finish_streaming().content == "</arg_key"
 
 
-def test_calls_stream_as_soon_as_name_and_each_pair_are_complete(tokenizer):
+def test_a_call_streams_whole_the_moment_it_closes(tokenizer):
+    """Content streams at once; a call is held until ``</tool_call>`` and then sent
+    in one delta (id, name, whole arguments), together with the markup inside it
+    that formed no pair; what follows streams at once again."""
     text = (
         "Sure.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
-        "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>"
+        "note<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call> Done."
     )
     parser = Spark25ToolParser(tokenizer)
-    seen = []  # (characters fed, what arrived)
+    seen = []  # (characters fed, content, [(index, id given, name, arguments)])
     for position, char in enumerate(text, 1):
         message = parser.extract_tool_calls_streaming("", char, char, [], [], [], REQUEST)
-        if message is None:
-            continue
-        if message.content:
-            seen.append((position, "content", message.content))
-        for call in message.tool_calls:
-            if call.function.name:
-                seen.append((position, "name", call.function.name))
-            if call.function.arguments:
-                seen.append((position, "arguments", call.function.arguments))
+        if message is not None:
+            calls = [
+                (call.index, bool(call.id), call.function.name, call.function.arguments)
+                for call in message.tool_calls
+            ]
+            seen.append((position, message.content, calls))
     assert parser.finish_streaming() is None
-
-    def end_of(fragment, occurrence=1):
-        index = -1
-        for _ in range(occurrence):
-            index = text.index(fragment, index + 1)
-        return index + len(fragment)
-
-    content = [(position, value) for position, kind, value in seen if kind == "content"]
-    assert "".join(value for _, value in content) == "Sure.\n"
-    assert content[0] == (1, "S")  # content streams at once
-    assert [entry for entry in seen if entry[1] != "content"] == [
-        (end_of("get_weather") + 1, "name", "get_weather"),  # at the newline
-        (end_of("</arg_value>"), "arguments", '{"city":"Paris"'),
-        (end_of("</arg_value>", 2), "arguments", ',"days":3'),
-        (len(text), "arguments", "}"),
+    closed = text.index("</tool_call>") + len("</tool_call>")
+    with_call = [entry for entry in seen if entry[2]]
+    assert with_call == [
+        (closed, "\nnote", [(0, True, "get_weather", '{"city":"Paris","days":3}')])
     ]
+    assert "".join(content for position, content, _ in seen if position < closed) == "Sure.\n"
+    assert seen[0] == (1, "S", [])  # content streams at once
+    assert "".join(content for position, content, _ in seen if position > closed) == " Done."
 
 
 def is_cut_short(streamed: Parsed, full: Parsed) -> bool:

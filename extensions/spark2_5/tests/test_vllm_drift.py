@@ -1,7 +1,7 @@
 """Drift guard: the vLLM internals the carrier calls still take what it passes.
 
 Each entry names a vLLM symbol, the call the carrier makes (positional count and
-keyword names, read from ``spark2_5.py``, ``spark2_5_tool_parser.py`` and
+keyword names, read from ``spark2_5.py``, ``spark2_5_tool_parser/`` and
 ``compat.py``) and where to fix a break. A vLLM upgrade that renames or drops
 one of those parameters fails here with the symbol, the parameter and the
 ``compat.py`` function to update, instead of deep inside an engine start.
@@ -311,7 +311,7 @@ def test_the_parser_overrides_take_every_parameter_vllm_passes(method: str):
     assert not missing, (
         f"vLLM drift in ToolParser.{method}: vLLM now passes {missing} "
         f"(base signature {inspect.signature(getattr(compat.tool_parser_base(), method))}). "
-        f"Update Spark25ToolParser.{method} in spark2_5_tool_parser.py."
+        f"Update Spark25ToolParser.{method} in spark2_5_tool_parser/adapter.py."
     )
 
 
@@ -333,7 +333,7 @@ def test_vllm_still_reads_the_parser_switches(name: str):
     assert hasattr(compat.tool_parser_base(), name), (
         f"vLLM drift in ToolParser: it no longer defines {name!r}, so the value "
         f"Spark25ToolParser sets is ignored. Find what replaced it and update "
-        f"spark2_5_tool_parser.py (and compat.tool_parser_base if the base moved)."
+        f"spark2_5_tool_parser/adapter.py (and compat.tool_parser_base if the base moved)."
     )
 
 

@@ -9,6 +9,8 @@ instead of the feature's.
 
 from __future__ import annotations
 
+import importlib
+
 from vllm_spark2_5_plugin import compat
 
 
@@ -26,6 +28,17 @@ def flushes_stream_end() -> bool:
     and ``finish_streaming``, vLLM 0.24 and later). Without it what the parser still
     holds at the end (a partial tag, an unfinished argument pair) is not sent."""
     return hasattr(compat.tool_parser_base(), "engine_based_streaming")
+
+
+def streams_responses_through_parser() -> bool:
+    """Whether the Responses API streams through vLLM's serving-layer parser and its
+    ``SimpleStreamingEventProcessor`` (vLLM 0.32), the path the Responses tests and
+    ``docs/tool-calling.md`` describe; earlier releases have other Responses code."""
+    try:
+        events = importlib.import_module("vllm.entrypoints.openai.responses.streaming_events")
+    except ImportError:
+        return False
+    return hasattr(events, "SimpleStreamingEventProcessor")
 
 
 FORCED_CALL_REFUSAL = "this vLLM has no structural tag for Spark2_5's call format"

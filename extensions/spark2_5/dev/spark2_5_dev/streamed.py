@@ -3,7 +3,6 @@ by the serve tests (sync ``openai`` client) and the soak (async)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,11 +46,12 @@ class StreamedAnswer:
         """``(name, arguments)`` of each call, in index order."""
         return tuple((self._calls[i].name, self._calls[i].arguments) for i in sorted(self._calls))
 
-    def named_late(self) -> list[str]:
-        """The calls with arguments whose name did not come in an earlier chunk than
-        every argument fragment."""
+    def split_calls(self) -> list[str]:
+        """The calls that did not arrive whole, name and arguments in one chunk: the
+        ``spark25`` parser sends each call the moment it is closed, so a client never
+        holds a call that could still be cut off."""
         return [
             call.name
             for call in self._calls.values()
-            if json.loads(call.arguments) and call.named_at >= min(call.argument_chunks)
+            if set(call.argument_chunks) != {call.named_at}
         ]

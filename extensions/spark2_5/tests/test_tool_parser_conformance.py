@@ -1,0 +1,240 @@
+"""``spark25`` under vLLM's own streaming consumers, at every cut of every output.
+
+Each output of a generated corpus (complete calls in both forms, repeated keys,
+stray text inside and between calls, two calls, undeclared names, thinking) is
+cut after every one of its tokens, as ``max_tokens`` cuts it. Every cut is
+served four ways on vLLM's serving-layer ``Parser`` around ``spark25``:
+
+* Chat Completions, not streamed: ``Parser.parse``;
+* Chat Completions, streamed: ``Parser.parse_delta`` token by token, each delta
+  sent as vLLM's ``ChatCompletionStreamResponse`` chunk and folded by the openai
+  SDK's ``ChatCompletionStreamState`` (what ``chat.completions.stream()`` uses);
+* Responses, not streamed: ``Parser.parse`` into vLLM's
+  ``build_response_output_items``;
+* Responses, streamed: vLLM's ``_process_simple_streaming_events`` itself (the
+  ``SimpleStreamingEventProcessor`` loop), fed token by token.
+
+Asserted: no consumer raises; stream and non-stream agree in both APIs; every
+call any cut returns is one of the complete output's calls, whole (a cut call
+is never presented as a call)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from typing import Any
+
+import pytest
+
+from spark2_5_dev.host_features import streams_responses_through_parser
+from spark2_5_dev.tool_parsing import WEATHER_TOOL, chat_request, load_tokenizer, serving_parser_cls
+from vllm_spark2_5_plugin.spark2_5_tool_parser import DeltaMessage
+
+pytestmark = pytest.mark.slow
+RESPONSES_PATH = "the Responses path tested is vLLM 0.32's (SimpleStreamingEventProcessor)"
+
+if not streams_responses_through_parser():
+    pytest.skip(RESPONSES_PATH, allow_module_level=True)
+
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}},
+    },
+}
+CHAT_TOOLS = [WEATHER_TOOL, TIME_TOOL]
+
+
+def call(name: str, pairs: list[tuple[str, str]], sep: str = "", stray: str = "") -> str:
+    """A call; ``stray`` goes between its pairs and before ``</tool_call>``."""
+    body = stray.join(
+        f"<arg_key>{key}</arg_key>{sep}<arg_value>{value}</arg_value>{sep}" for key, value in pairs
+    )
+    return f"<tool_call>{name}{sep}{body}{stray}</tool_call>"
+
+
+def corpus() -> list[str]:
+    """Calls of every shape the parser distinguishes, each alone and with text around."""
+    pairs = {
+        "plain": [("city", "Paris"), ("days", "3")],
+        "repeated-key": [("city", "Paris"), ("city", "Rome")],
+    }
+    outputs = []
+    for name, kv, sep, stray in itertools.product(
+        ("get_weather", "delete_all"), pairs.values(), ("", "\n"), ("", " note ")
+    ):
+        outputs.append(call(name, kv, sep, stray))
+    weather = call("get_weather", pairs["plain"])
+    time = call("get_time", [("zone", "CET")], "\n")
+    outputs += [
+        f"Sure. {weather} and {time} Done.",
+        f"Let me think. <tool_call>get_time</tool_call></think>OK {weather}",
+        "No call </arg_key> here <tool_call> at all",
+    ]
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return load_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+def requests() -> dict[str, Any]:
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    responses_tools = [{"type": "function", **tool["function"]} for tool in CHAT_TOOLS]
+    return {
+        "chat": chat_request(tools=CHAT_TOOLS),
+        "responses": ResponsesRequest(model="tiny", input="Weather?", tools=responses_tools),
+    }
+
+
+def token_deltas(tokenizer, text: str) -> list[tuple[str, int]]:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return [(tokenizer.decode([token], skip_special_tokens=False), token) for token in ids]
+
+
+def chat_non_streamed(parser, text: str, request) -> tuple:
+    reasoning, content, calls = parser.parse(text, request, enable_auto_tools=True)
+    return reasoning or None, content or None, [(c.name, c.arguments) for c in calls or []]
+
+
+def chat_streamed(parser, deltas: list[tuple[str, int]], request) -> tuple:
+    """Each delta as vLLM's chunk, folded by the openai SDK's stream state."""
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletionChunk
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionResponseStreamChoice,
+        ChatCompletionStreamResponse,
+    )
+
+    state = ChatCompletionStreamState()
+    reasoning = ""
+    for position, (text, token) in enumerate(deltas):
+        last = position == len(deltas) - 1
+        message = parser.parse_delta(text, [token], request, prompt_token_ids=[], finished=last)
+        if message is None and not last:
+            continue
+        message = message or DeltaMessage()
+        reasoning += message.reasoning or ""
+        choice = ChatCompletionResponseStreamChoice(
+            index=0, delta=message, finish_reason="length" if last else None
+        )
+        chunk = ChatCompletionStreamResponse(model="tiny", choices=[choice])
+        state.handle_chunk(ChatCompletionChunk.model_validate_json(chunk.model_dump_json()))
+    if not deltas:
+        return None, None, []
+    # The snapshot: the final completion refuses to exist for a "length" finish.
+    message = state.current_completion_snapshot.choices[0].message
+    calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
+    return reasoning or None, message.content or None, calls
+
+
+def responses_summary(items) -> tuple:
+    """Reasoning, message text and ``(name, arguments)`` calls of Responses output items."""
+    reasoning = "".join(
+        part.text for item in items if item.type == "reasoning" for part in item.content or []
+    )
+    text = "".join(part.text for item in items if item.type == "message" for part in item.content)
+    calls = []
+    for item in items:
+        if item.type == "function_call":
+            assert isinstance(item.name, str) and item.status == "completed", item
+            calls.append((item.name, item.arguments))
+    return reasoning or None, text or None, calls
+
+
+def responses_non_streamed(parser, text: str, request) -> tuple:
+    return responses_summary(responses_items(parser, text, request))
+
+
+def responses_items(parser, text: str, request) -> list:
+    from vllm.entrypoints.openai.responses.utils import build_response_output_items
+
+    reasoning, content, calls = parser.parse(text, request, enable_auto_tools=True)
+    return build_response_output_items(
+        reasoning=reasoning, content=content, tool_calls=calls or [], tools=request.tools
+    )
+
+
+def responses_streamed(parser, deltas: list[tuple[str, int]], request) -> tuple:
+    return responses_summary(responses_streamed_items(parser, deltas, request))
+
+
+def responses_streamed_items(parser, deltas: list[tuple[str, int]], request) -> list:
+    """vLLM's own simple streaming loop over one context per token."""
+    from vllm.entrypoints.openai.responses.context import SimpleContext
+    from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    # vLLM's loop needs nothing of the serving object but its _raise_if_error.
+    serving = object.__new__(OpenAIServingResponses)
+    context = SimpleContext(response_parser=parser)
+
+    async def outputs():
+        for position, (text, token) in enumerate(deltas):
+            last = position == len(deltas) - 1
+            output = CompletionOutput(
+                0, text, [token], None, None, finish_reason="length" if last else None
+            )
+            context.append_output(RequestOutput("r", None, [], None, [output], finished=last))
+            yield context
+
+    async def run():
+        events = serving._process_simple_streaming_events(
+            request, None, outputs(), context, "tiny", None, None, 0, lambda event: event
+        )
+        return [event async for event in events]
+
+    asyncio.run(run())
+    return context.streamed_output_items or []
+
+
+SERVED = {
+    "chat": (chat_non_streamed, chat_streamed),
+    "responses": (responses_non_streamed, responses_streamed),
+}
+
+
+@pytest.mark.parametrize("api", SERVED)
+@pytest.mark.parametrize("reasoning_parser", [None, "holo2"])
+def test_every_cut_of_every_output_folds_alike_streamed_or_not(tokenizer, api, reasoning_parser):
+    parser_cls = serving_parser_cls(tokenizer, reasoning_parser)
+    request = requests()[api]
+    non_streamed, streamed = SERVED[api]
+    for output in corpus():
+        if reasoning_parser is None and "</think>" in output:
+            continue
+        deltas = token_deltas(tokenizer, output)
+        whole_calls = non_streamed(parser_cls(tokenizer, request.tools), output, request)[2]
+        for cut in range(len(deltas) + 1):
+            cut_deltas = deltas[:cut]
+            text = "".join(piece for piece, _ in cut_deltas)
+            expected = non_streamed(parser_cls(tokenizer, request.tools), text, request)
+            got = streamed(parser_cls(tokenizer, request.tools), cut_deltas, request)
+            assert got == expected, (api, output, cut)
+            calls = expected[2]
+            # A cut never yields a call the whole output does not make, or part of one.
+            assert calls == whole_calls[: len(calls)], (output, cut, calls)
+            for _, arguments in calls:
+                assert isinstance(json.loads(arguments), dict)
+
+
+def test_stray_markup_in_a_call_comes_before_the_call_in_both_responses(tokenizer):
+    """The markup arrives with its call; the Responses stream shows it as a message
+    item before the call's item, the order of the non-streamed response."""
+    parser_cls = serving_parser_cls(tokenizer)
+    request = requests()["responses"]
+    output = call("get_weather", [("city", "Paris")], stray=" note ")
+    deltas = token_deltas(tokenizer, output)
+    streamed = responses_streamed_items(parser_cls(tokenizer, request.tools), deltas, request)
+    whole = responses_items(parser_cls(tokenizer, request.tools), output, request)
+    for items in (streamed, whole):
+        assert [item.type for item in items] == ["message", "function_call"]
+        assert responses_summary(items) == (
+            None,
+            " note ",
+            [("get_weather", '{"city":"Paris"}')],
+        )

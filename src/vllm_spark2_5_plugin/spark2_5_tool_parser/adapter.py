@@ -1,0 +1,172 @@
+"""``Spark25ToolParser``: the scanner behind vLLM's tool-parser interface.
+
+One scanner serves both entry points. ``extract_tool_calls`` feeds it the whole
+output and finishes it; streaming feeds it each delta and vLLM finishes it
+through ``finish_streaming``. Both therefore report the same content and calls
+however the output was split. A streamed call arrives in one delta (id, name
+and whole arguments) when it closes, so both of vLLM's streaming consumers
+(Chat Completions' chunks and the Responses API's events) receive every call
+complete, and a call cut off by ``max_tokens`` is never announced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from vllm_spark2_5_plugin import compat
+from vllm_spark2_5_plugin.spark2_5_tool_parser.scanner import Scanner
+from vllm_spark2_5_plugin.spark2_5_tool_parser.schema import check_grammar_size, check_tools
+
+ToolParser = compat.tool_parser_base()
+_protocol = compat.tool_call_protocol()
+DeltaFunctionCall = _protocol.DeltaFunctionCall
+DeltaMessage = _protocol.DeltaMessage
+DeltaToolCall = _protocol.DeltaToolCall
+ExtractedToolCallInformation = _protocol.ExtractedToolCallInformation
+FunctionCall = _protocol.FunctionCall
+ToolCall = _protocol.ToolCall
+make_tool_call_id = compat.tool_call_id_factory()
+
+# GLM-4.7's structural tag writes <tool_call>NAME<arg_key>K</arg_key><arg_value>V
+# </arg_value></tool_call> with string values raw and other values as JSON: byte
+# for byte the compact form Spark2_5's chat template renders.
+_STRUCTURAL_TAG_FORMAT = "glm_4_7"
+
+
+def _callable_tools(request: Any) -> Sequence[Any] | None:
+    if request is None or getattr(request, "tool_choice", None) == "none":
+        return None
+    return request.tools or None
+
+
+def _forces_call(tool_choice: Any) -> bool:
+    """``tool_choice="required"``, a named tool, or allowed tools in required mode."""
+    if tool_choice == "required":
+        return True
+    choice_type = getattr(tool_choice, "type", None)
+    if choice_type in ("function", "custom"):
+        return True
+    return choice_type == "allowed_tools" and getattr(tool_choice, "mode", None) == "required"
+
+
+def _describe_choice(tool_choice: Any) -> str:
+    if isinstance(tool_choice, str):
+        return repr(tool_choice)
+    name = getattr(tool_choice, "name", None) or getattr(
+        getattr(tool_choice, "function", None), "name", None
+    )
+    return f"{{named tool {name!r}}}" if name else repr(tool_choice)
+
+
+def _unconstrained_forced_call_error(parser: Any, tool_choice: Any) -> Exception:
+    if parser.structural_tag_model is None:
+        reason = "this vLLM has no structural tag for Spark2_5's call format"
+        fix = "upgrade vLLM to a release with tool-call structural tags"
+    else:
+        reason = "VLLM_ENFORCE_STRICT_TOOL_CALLING=0 turns structural tags off"
+        fix = "restart the server without VLLM_ENFORCE_STRICT_TOOL_CALLING=0"
+    return compat.request_validation_error(
+        f"tool_choice={_describe_choice(tool_choice)} needs the output "
+        f"constrained to a Spark2_5 tool call, but {reason}, so the model could "
+        f'answer in plain text. Fix: {fix}, or send tool_choice="auto".',
+        parameter="tool_choice",
+        value=_describe_choice(tool_choice),
+    )
+
+
+class Spark25ToolParser(ToolParser):
+    """Tool-call parser for Spark2_5 (``--tool-call-parser spark25``)."""
+
+    # Required and named calls are written in Spark's XML, never as vLLM's JSON.
+    supports_required_and_named = False
+    structural_tag_model = (
+        _STRUCTURAL_TAG_FORMAT if _STRUCTURAL_TAG_FORMAT in compat.structural_tag_models() else None
+    )
+    # The scanner keeps its own state, so vLLM may pass bare deltas, and it must
+    # be told when the stream ends (``finish_streaming``) to release what it holds.
+    engine_based_streaming = True
+
+    def __init__(self, tokenizer: Any, tools: list[Any] | None = None) -> None:
+        # Calls are checked against each request's tools, whatever the base keeps.
+        super().__init__(tokenizer, tools)
+        self._stream: Scanner | None = None
+        self._calls_streamed = 0
+
+    def adjust_request(self, request: Any) -> Any:
+        # Before the base: on vLLM 0.23 it moves a forced request's "$defs" out of
+        # the tools it turns into a JSON grammar, and they would go unchecked.
+        check_tools(request.tools)
+        request = super().adjust_request(request)
+        if not request.tools or request.tool_choice == "none":
+            return request
+        # The call tags are special tokens: skipping them would hide every call.
+        request.skip_special_tokens = False
+        structured_outputs = getattr(request, "structured_outputs", None)
+        structural_tag = getattr(structured_outputs, "structural_tag", None)
+        if structural_tag is not None:
+            check_grammar_size(request.tools, structural_tag)
+        elif _forces_call(request.tool_choice):
+            raise _unconstrained_forced_call_error(self, request.tool_choice)
+        return request
+
+    def extract_tool_calls(self, model_output: str, request: Any) -> Any:
+        scanner = Scanner(_callable_tools(request))
+        scanner.feed(model_output)
+        scanner.finish()
+        tool_calls = [
+            ToolCall(id=make_tool_call_id(), function=FunctionCall(name=name, arguments=arguments))
+            for name, arguments in scanner.calls
+        ]
+        return ExtractedToolCallInformation(
+            tools_called=bool(tool_calls),
+            tool_calls=tool_calls,
+            content="".join(scanner.content) or None,
+        )
+
+    def extract_tool_calls_streaming(
+        self,
+        previous_text: str,
+        current_text: str,
+        delta_text: str,
+        previous_token_ids: Sequence[int],
+        current_token_ids: Sequence[int],
+        delta_token_ids: Sequence[int],
+        request: Any,
+    ) -> Any:
+        if self._stream is None:
+            self._stream = Scanner(_callable_tools(request))
+        if not delta_text:
+            return None
+        self._stream.feed(delta_text)
+        return self._drain()
+
+    def finish_streaming(self) -> Any:
+        """Release what the stream still holds: a partial tag, an unclosed call."""
+        if self._stream is None:
+            return None
+        self._stream.finish()
+        return self._drain()
+
+    def _drain(self) -> Any:
+        """What the scanner reported since the last delta, as one ``DeltaMessage``:
+        content, and each closed call whole (id, name and arguments)."""
+        scanner = self._stream
+        content = "".join(scanner.content)
+        scanner.content.clear()
+        tool_calls = []
+        for name, arguments in scanner.calls:
+            function = DeltaFunctionCall(name=name, arguments=arguments)
+            tool_calls.append(
+                DeltaToolCall(
+                    index=self._calls_streamed,
+                    id=make_tool_call_id(),
+                    type="function",
+                    function=function,
+                )
+            )
+            self._calls_streamed += 1
+        scanner.calls.clear()
+        if not content and not tool_calls:
+            return None
+        return DeltaMessage(content=content or None, tool_calls=tool_calls)
