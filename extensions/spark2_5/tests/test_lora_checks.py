@@ -93,3 +93,10 @@ def test_zero_lora_b_of_another_shape_passes_as_it_changes_nothing(checks):
     for name in tensors:
         tensors[name] = torch.zeros(tensors[name].shape[0] // 2, tensors[name].shape[1])
     checks.check(vllm_lora_model(tensors))
+
+
+def test_a_lora_manager_without_add_adapter_gets_no_checks():
+    """A vLLM whose manager lacks ``_add_adapter``: nothing to wrap, and the model warns."""
+    from vllm_spark2_5_plugin import compat
+
+    assert compat.check_lora_adapters(object(), AdapterChecks.check) is False

@@ -111,10 +111,10 @@ def before(client, server):
     return answers
 
 
-def load(server, name, path):
+def load(server, name, path, **options):
     return httpx.post(
         f"{server.base_url}/v1/load_lora_adapter",
-        json={"lora_name": name, "lora_path": str(path)},
+        json={"lora_name": name, "lora_path": str(path), **options},
         timeout=120,
     )
 
@@ -133,6 +133,17 @@ def test_a_wrong_adapter_is_refused_naming_the_tensor(case, server, client, befo
     message = response.json()["error"]["message"]
     assert f"LoRA adapter tensor {fault.tensor!r}" in message
     assert case not in listed(client)
+    assert all_answers(client, server) == before
+
+
+def test_a_wrong_adapter_reloaded_in_place_of_a_good_one_leaves_it_answering(
+    server, client, before, tmp_path
+):
+    fault = lora_faults.REFUSED_BY_THE_CARRIER["qkv-lora-b-row-short"]
+    path = lora_faults.faulty_adapter(server.good_adapter, fault, tmp_path / "in-place")
+    response = load(server, GOOD, path, load_inplace=True)
+    assert response.status_code == 500
+    assert fault.tensor in response.json()["error"]["message"]
     assert all_answers(client, server) == before
 
 
