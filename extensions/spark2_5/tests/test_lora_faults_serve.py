@@ -20,7 +20,7 @@ import httpx
 import openai
 import pytest
 
-from carrier_harness.server import VllmServer
+from carrier_harness.server import VllmServer, run_vllm_serve_expecting_failure
 from spark2_5_dev import fixture, lora, lora_faults
 from spark2_5_dev.carrier import clean_env
 
@@ -180,3 +180,19 @@ def test_an_overflowing_adapter_changes_no_other_request(server, client, before,
     )
     assert unloaded.status_code == 200
     assert all_answers(client, server) == before
+
+
+def test_a_wrong_adapter_given_at_start_stops_the_server_naming_the_tensor(
+    spark_chat_model, server, tmp_path
+):
+    fault = lora_faults.REFUSED_BY_THE_CARRIER["lora-a-rank-4-of-8"]
+    path = lora_faults.faulty_adapter(server.good_adapter, fault, tmp_path / "at-start")
+    server.stop()  # one vLLM at a time; this is the module's last test
+    args = [*fixture.SERVE_ARGS, "--enable-lora", "--lora-modules", f"bad={path}"]
+    done = run_vllm_serve_expecting_failure(
+        spark_chat_model, args, env=clean_env(SPARK2_5_PLUGIN_ENABLE="1"), timeout=420
+    )
+    assert done.returncode != 0
+    assert f"LoRA adapter tensor {fault.tensor!r} has shape [4, 128], expected [8, 128]" in (
+        done.stdout + done.stderr
+    )
