@@ -340,3 +340,27 @@ def request_validation_error(message: str, parameter: str, value: Any) -> Except
     naming ``parameter``."""
     error_cls = importlib.import_module("vllm.exceptions").VLLMValidationError
     return error_cls(message, parameter=parameter, value=value)
+
+
+# --- LoRA -----------------------------------------------------------------------
+
+
+def check_lora_adapters(manager: Any, check: Callable[[Any], None]) -> bool:
+    """Make vLLM's LoRA ``manager`` call ``check(lora_model)`` on every adapter it adds,
+    before it packs the adapter's weights or gives it a slot; what ``check`` raises
+    refuses the adapter, and vLLM reports it to whoever asked to load it.
+
+    vLLM has no hook for a model to check an adapter. Every release of the verified
+    range adds adapters through ``LoRAModelManager._add_adapter``; where that is
+    missing this returns False and adapters load unchecked.
+    """
+    add_adapter = getattr(manager, "_add_adapter", None)
+    if add_adapter is None:
+        return False
+
+    def checked_add_adapter(lora_model: Any) -> Any:
+        check(lora_model)
+        return add_adapter(lora_model)
+
+    manager._add_adapter = checked_add_adapter
+    return True

@@ -11,11 +11,12 @@ checkpoint's separate ``gate_proj``/``up_proj`` (and re-exported separate
 ``q_proj``/``k_proj``/``v_proj``) load into shards of the packed projections.
 """
 
+import logging
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from functools import partial
 from itertools import islice
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -58,8 +59,10 @@ from vllm_spark2_5_plugin.spark2_5_checkpoint import (
     quantized_g_proj_error,
 )
 from vllm_spark2_5_plugin.spark2_5_config import SLIDING_ATTENTION, Spark2_5Config
+from vllm_spark2_5_plugin.spark2_5_lora import AdapterChecks
 
 Attention = compat.attention_cls()
+logger = logging.getLogger("vllm.spark2_5_plugin")
 
 # Checkpoint name part -> (packed parameter name part, shard id). Dotted on both
 # sides so ".up_proj." never matches inside ".gate_up_proj.".
@@ -71,6 +74,7 @@ STACKED_PARAMS = {
     ".up_proj.": (".gate_up_proj.", 1),
 }
 _GATE_ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": F.silu}
+_finite = partial(torch.nan_to_num, nan=0.0, posinf=0.0, neginf=0.0)
 
 
 class Spark2_5MLP(nn.Module):
@@ -194,6 +198,11 @@ class Spark2_5Attention(nn.Module):
         qkv, _ = self.q_k_v_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
+        # Only finite keys and values enter the KV cache: vLLM's CPU attention (0.32)
+        # reads stale slots of reused blocks with weight zero, and 0 * NaN is NaN, so
+        # the NaN of one request whose activations overflow (a damaged LoRA adapter)
+        # would corrupt every later request that reuses its blocks.
+        k, v = _finite(k), _finite(v)
         attn_output = self.attn(q, k, v)
         if self.g_proj is not None:
             gate, _ = self.g_proj(hidden_states)
@@ -346,6 +355,21 @@ class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         self.checkpoint_folder = partial(
             checkpoint_folder, model_config.model, model_config.revision, load_config.download_dir
         )
+
+    @property
+    def lora_manager(self) -> Any:
+        return self.__dict__.get("_lora_manager")
+
+    @lora_manager.setter
+    def lora_manager(self, manager: Any) -> None:
+        # vLLM's LoRA manager announces itself here when it wraps this model; from
+        # then on it refuses adapters that do not fit this model's shapes.
+        self.__dict__["_lora_manager"] = manager
+        if not compat.check_lora_adapters(manager, AdapterChecks(self.config).check):
+            logger.warning(
+                "This vLLM's LoRA manager has no _add_adapter: Spark2_5 cannot check LoRA "
+                "adapters against the model, and serves mis-shaped ones unchecked"
+            )
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)

@@ -284,6 +284,12 @@ USES = [
         "compat.tool_call_id_factory",
     ),
     Use(
+        "LoRAModelManager._add_adapter",
+        attr("vllm.lora.model_manager", "LoRAModelManager", "_add_adapter"),
+        (Call(2),),  # (self, lora_model)
+        "compat.check_lora_adapters",
+    ),
+    Use(
         "VLLMValidationError",
         attr("vllm.exceptions", "VLLMValidationError"),
         (Call(1, ("parameter", "value")),),
@@ -295,6 +301,17 @@ USES = [
 @pytest.mark.parametrize("use", USES, ids=[use.symbol for use in USES])
 def test_vllm_still_takes_what_the_carrier_passes(use: Use):
     use.check()
+
+
+def test_vllm_lora_manager_still_announces_itself_to_the_model():
+    """The carrier's adapter checks start when vLLM sets ``model.lora_manager``."""
+    from vllm.lora.model_manager import LoRAModelManager
+
+    assert "self.model.lora_manager = self" in inspect.getsource(LoRAModelManager.__init__), (
+        "vLLM drift: LoRAModelManager no longer sets model.lora_manager, so "
+        "Spark2_5ForCausalLM.lora_manager never installs the adapter checks. Find the new "
+        "place a model learns of its LoRA manager and update compat.check_lora_adapters."
+    )
 
 
 # What vLLM calls on Spark25ToolParser: the base's parameters must all be ours.
