@@ -114,6 +114,11 @@ def write_state(path: Path, extensions: dict) -> None:
     path.write_text(json.dumps({"schema_version": 2, "extensions": extensions}))
 
 
+def enable_in(state_file: Path, *extension_ids: str) -> None:
+    """The state file as `vllm-hust-ext extension enable` writes it for ``extension_ids``."""
+    write_state(state_file, {i: {"enabled": True, "configuration": {}} for i in extension_ids})
+
+
 def inspect(extension_id: str, env: dict[str, str]) -> tuple[int, dict, str]:
     result = run([TOOL, "inspect", "--json", extension_id], env=env)
     (report,) = json.loads(result.stdout)
@@ -213,7 +218,7 @@ def test_discovery_from_the_installed_wheel_imports_no_carrier(
     assert found["imported"] == []
 
 
-# --- measured point 1: VLLM_PLUGINS is always set, with `ascend` added ---------------------
+# --- measured point 1: VLLM_PLUGINS, with `ascend` added, while a plugin bundle is enabled ---
 
 PLUGIN_CASES = {
     "unset": (None, "ascend,{plugin}"),
@@ -224,7 +229,7 @@ PLUGIN_CASES = {
 
 @pytest.mark.parametrize("manager_kind", MANAGERS)
 @pytest.mark.parametrize(("allowed", "expected"), PLUGIN_CASES.values(), ids=PLUGIN_CASES)
-def test_vllm_plugins_is_always_set_and_ascend_is_added(
+def test_vllm_plugins_is_set_and_ascend_is_added_while_the_bundle_is_enabled(
     manager_kind, bundle, switch, plugin, verified_host, state_file, allowed, expected
 ):
     extra = {} if allowed is None else {PLUGINS_ENV: allowed}
@@ -248,11 +253,37 @@ def test_vllm_plugins_is_always_set_and_ascend_is_added(
 
 
 @pytest.mark.parametrize("manager_kind", MANAGERS)
+@pytest.mark.parametrize("how", ["never-enabled", "disabled"])
+def test_with_nothing_enabled_only_the_empty_bundle_list_is_injected(
+    manager_kind, bundle, verified_host, state_file, how
+):
+    env = manager_env(state_file, verified_host, **{PLUGINS_ENV: "lora_filesystem_resolver"})
+    if manager_kind == "recorded":
+        if how == "disabled":
+            write_state(state_file, {bundle.extension_id: {"enabled": False, "configuration": {}}})
+        code, report, err = inspect(bundle.extension_id, env)
+        assert code == 1 and report["manager_state"]["enabled"] is False
+        injected = report["launch_environment"]
+        (line,) = err.splitlines()
+        assert f"{state_file}: extensions.{bundle.extension_id}.enabled is not true" in line
+    else:
+        cli = real_manager()
+        if how == "disabled":
+            assert run([cli, "extension", "enable", bundle.extension_id], env=env).returncode == 0
+            assert run([cli, "extension", "disable", bundle.extension_id], env=env).returncode == 0
+        dry_run = run([cli, "run", "--dry-run", "--", "true"], env=env)
+        assert dry_run.returncode == 0, dry_run.stderr
+        injected = json.loads(dry_run.stdout)["environment"]
+    assert injected == {ENABLED_BUNDLES_ENVS[0]: ""}
+
+
+@pytest.mark.parametrize("manager_kind", MANAGERS)
 def test_a_real_launch_sets_evidence_variables_that_dry_run_does_not_show(
     manager_kind, bundle, verified_host, state_file
 ):
     env = manager_env(state_file, verified_host)
     if manager_kind == "recorded":
+        enable_in(state_file, bundle.extension_id)
         code, report, _ = inspect(bundle.extension_id, env)
         assert code == 0
         assert report["launch_also_sets"] == list(MANAGER_LAUNCH_ONLY_ENVS)
@@ -312,6 +343,7 @@ def test_prerelease_hosts_are_judged_by_the_installed_packaging(
     )
     env = manager_env(state_file, fake_host_distribution(tmp_path, "vllm", host_version))
     if manager_kind == "recorded":
+        enable_in(state_file, bundle.extension_id)
         code, report, _ = inspect(bundle.extension_id, env)
         assert report["host"]["installed"] == host_version
         assert report["host"]["compatibility"] == expected
@@ -424,7 +456,12 @@ def test_a_state_path_under_a_regular_file_is_reported(bundle, verified_host, tm
     blocker.write_text("")
     code, report, _ = inspect(bundle.extension_id, manager_env(blocker / "x.json", verified_host))
     # Nothing to read there: the manager would see no state, so nothing is enabled.
-    assert code == 0 and report["manager_state"]["enabled"] is False
+    assert report["manager_state"] == {
+        "path": str(blocker / "x.json"),
+        "enabled": False,
+        "problem": None,
+    }
+    assert code == 1 and report["launch_environment"] == {ENABLED_BUNDLES_ENVS[0]: ""}
 
 
 # --- measured point 8: an import_only bundle ------------------------------------------------
@@ -434,8 +471,8 @@ def test_an_import_only_bundle_is_refused_a_launch_with_the_managers_words(bundl
     with pytest.raises(BundleError) as error:
         manager.activation_environment([with_status(bundle, "import_only")], clean_env())
     assert str(error.value) == (
-        f"refusing to launch {bundle.extension_id!r}: extension is descriptor-only and cannot "
-        "be enabled (implementation status: import_only)"
+        f"{bundle.manifest_path}: refusing to launch {bundle.extension_id!r}: extension is "
+        "descriptor-only and cannot be enabled (implementation status: import_only)"
     )
 
 
@@ -493,7 +530,7 @@ def test_launch_is_refused_when_the_host_is_not_installed(bundle):
     with pytest.raises(BundleError) as error:
         manager.activation_environment([active], clean_env())
     assert str(error.value) == (
-        f"refusing to launch {bundle.extension_id!r}: "
+        f"{bundle.manifest_path}: refusing to launch {bundle.extension_id!r}: "
         "host vllm-host-that-is-not-installed is not installed (unknown)"
     )
 
@@ -523,7 +560,10 @@ def test_env_refuses_a_launch_the_manager_would_refuse(bundle, tmp_path, state_f
     assert result.returncode == 1
     assert result.stdout == ""
     (line,) = result.stderr.splitlines()
-    assert line.startswith(f"vllm-hust-bundle: error: refusing to launch {bundle.extension_id!r}")
+    assert line.startswith(
+        f"vllm-hust-bundle: error: {bundle.manifest_path}: refusing to launch "
+        f"{bundle.extension_id!r}"
+    )
     assert "host vllm 0.0.1 is outside host.version_range" in line
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -340,3 +341,28 @@ def request_validation_error(message: str, parameter: str, value: Any) -> Except
     naming ``parameter``."""
     error_cls = importlib.import_module("vllm.exceptions").VLLMValidationError
     return error_cls(message, parameter=parameter, value=value)
+
+
+# --- the environment of Ray actors ------------------------------------------------
+
+RAY_EXTRA_ENV_VARS = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"
+
+
+def copy_to_ray_actors(names: Iterable[str]) -> list[str]:
+    """Have vLLM copy ``names`` from this process into the Ray actors it starts; the
+    names added (none where this vLLM has no such list).
+
+    The V2 Ray executor (the default) copies the whole driver environment, filling
+    in only what a node lacks. The older Ray executor (``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``)
+    and the data-parallel engine-core actors copy vLLM's own variables, a few
+    prefixes and the names in ``VLLM_RAY_EXTRA_ENV_VARS_TO_COPY`` (0.23 to 0.32
+    alike): the names are appended to that list, after the operator's own.
+    """
+    envs = importlib.import_module("vllm.envs")
+    if RAY_EXTRA_ENV_VARS not in envs.environment_variables:
+        return []
+    listed = [n.strip() for n in os.environ.get(RAY_EXTRA_ENV_VARS, "").split(",") if n.strip()]
+    added = [name for name in dict.fromkeys(names) if name not in listed]
+    if added:
+        os.environ[RAY_EXTRA_ENV_VARS] = ",".join([*listed, *added])
+    return added
