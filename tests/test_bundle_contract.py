@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import configparser
 import dataclasses
-import importlib.util
 import json
 import re
-import subprocess
 import sys
 import textwrap
 import zipfile
@@ -26,6 +24,16 @@ from pathlib import Path
 import pytest
 
 from carrier_harness.env import clean_env
+from carrier_harness.manager import (
+    MANAGERS,
+    TOOL,
+    enable_in,
+    inspect,
+    manager_env,
+    real_manager,
+    run,
+    write_state,
+)
 from carrier_harness.project import (
     PROJECT_ROOT,
     fake_host_distribution,
@@ -40,90 +48,9 @@ from vllm_hust_bundle_kit.contract import (
     MANAGER_LAUNCH_ONLY_ENVS,
     PLUGINS_ENV,
     RENDERED_FILENAME,
-    STATE_ENV,
     VLLM_PLUGIN_GROUP,
 )
 from vllm_hust_bundle_kit.errors import BundleError
-
-REAL_MANAGER_MISSING = (
-    "vllm_hust_ext is not importable here (not on the package index; install it from its git "
-    "repository to run the contract through the real manager)"
-)
-MANAGERS = ["recorded", "vllm_hust_ext"]
-TOOL = str(Path(sys.executable).with_name("vllm-hust-bundle"))
-
-
-def run(argv, env, **kwargs) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        argv, env=env, capture_output=True, text=True, timeout=300, check=False, **kwargs
-    )
-
-
-def real_manager() -> str:
-    executable = Path(sys.executable).with_name("vllm-hust-ext")
-    if importlib.util.find_spec("vllm_hust_ext") is None or not executable.exists():
-        pytest.skip(REAL_MANAGER_MISSING)
-    return str(executable)
-
-
-@pytest.fixture(scope="module")
-def bundle() -> installed.Bundle:
-    return our_bundles()[0]
-
-
-@pytest.fixture(scope="module")
-def switch(bundle) -> str:
-    (name,) = [n for n, v in bundle.manifest["activation"]["environment"].items() if v == "1"]
-    return name
-
-
-@pytest.fixture(scope="module")
-def plugin(bundle) -> str:
-    (name,) = [
-        ep["name"]
-        for ep in bundle.manifest["activation"]["entry_points"]
-        if ep["group"] == VLLM_PLUGIN_GROUP
-    ]
-    return name
-
-
-@pytest.fixture
-def verified_host(bundle, tmp_path):
-    """A metadata-only vllm of the first verified release, for launch predictions that
-    must not depend on which vLLM runs the suite."""
-    from carrier_harness.project import bundle_source
-
-    verified = bundle_source(bundle.extension_id)["host"]["verified_on"][0]
-    return fake_host_distribution(tmp_path / "host", "vllm", verified)
-
-
-@pytest.fixture
-def state_file(tmp_path):
-    return tmp_path / "config" / "vllm-hust-ext.json"
-
-
-def manager_env(state_file: Path, host: Path | None = None, **extra: str) -> dict[str, str]:
-    env = clean_env(**{STATE_ENV: str(state_file)}, **extra)
-    if host is not None:
-        env["PYTHONPATH"] = str(host)
-    return env
-
-
-def write_state(path: Path, extensions: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"schema_version": 2, "extensions": extensions}))
-
-
-def enable_in(state_file: Path, *extension_ids: str) -> None:
-    """The state file as `vllm-hust-ext extension enable` writes it for ``extension_ids``."""
-    write_state(state_file, {i: {"enabled": True, "configuration": {}} for i in extension_ids})
-
-
-def inspect(extension_id: str, env: dict[str, str]) -> tuple[int, dict, str]:
-    result = run([TOOL, "inspect", "--json", extension_id], env=env)
-    (report,) = json.loads(result.stdout)
-    return result.returncode, report, result.stderr
-
 
 # --- the built wheel: what the manager discovers -------------------------------------------
 
