@@ -128,6 +128,16 @@ def test_every_bundle_tool_command_in_the_docs_exists():
         assert done.returncode == 0, f"vllm-hust-bundle {command}: {done.stderr}"
 
 
+def test_every_file_named_in_manifest_toml_comments_exists():
+    comments = " ".join(
+        line.split("#", 1)[1] for line in _text("manifest.toml").splitlines() if "#" in line
+    )
+    named = re.findall(r"[\w.-]+(?:/[\w.-]+)+\.(?:md|py|json|toml)", comments)
+    assert named, "manifest.toml's comments name no file any more"
+    for name in named:
+        assert (ROOT / name).exists(), f"manifest.toml names {name}"
+
+
 def test_trusted_publisher_settings_and_artifacts_match_the_workflow():
     workflow_file = ROOT / ".github" / "workflows" / "publish.yml"
     assert "| Workflow name | `publish.yml` |" in RELEASE and workflow_file.is_file()
