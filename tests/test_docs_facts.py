@@ -294,6 +294,39 @@ def test_the_vllm_api_facts_in_provenance_hold_on_the_installed_vllm():
     }
 
 
+_RAY_FACTS_PROBE = """
+import importlib.util, inspect, json, os
+os.environ.pop("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", None)
+import vllm.envs as envs
+omp = importlib.util.find_spec("vllm.utils.ompmultiprocessing").origin
+print(json.dumps({
+    "copy_list": "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY" in envs.environment_variables,
+    "v2_by_default": envs.environment_variables["VLLM_USE_RAY_V2_EXECUTOR_BACKEND"](),
+    "ray_env": inspect.getsource(importlib.import_module("vllm.ray.ray_env")),
+    "omp": open(omp, encoding="utf-8").read(),
+}))
+"""
+
+
+def test_the_vllm_facts_of_the_ray_doc_and_the_numa_error_hold_on_the_installed_vllm():
+    doc = " ".join(_text("extensions/spark2_5/docs/multi-node-and-ray.md").split())
+    readme = " ".join(_text("README.md").split())
+    done = subprocess.run(
+        [sys.executable, "-c", _RAY_FACTS_PROBE], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert facts["copy_list"] and facts["v2_by_default"] is True
+    assert "ray_non_carry_over_env_vars.json" in facts["ray_env"] and "`VLLM_`, `HF_`" in doc
+    assert '"VLLM_",' in facts["ray_env"] and '"HF_",' in facts["ray_env"]
+    # The README quotes vLLM's own assertion, whose parts are string pieces in its source.
+    quoted = re.search(r"`AssertionError: (Not enough allowed NUMA nodes[^`]*)`", readme).group(1)
+    message = facts["omp"][facts["omp"].index('f"Not enough allowed NUMA nodes') :]
+    source = "".join(re.findall(r'f?"([^"]*)"', message)[:4])
+    source = source.replace("{local_world_size}", "2").replace("{allowed_numa_nodes}", "[0]")
+    assert quoted == source
+
+
 # --- docs/evidence.md ---------------------------------------------------------------------
 
 

@@ -25,15 +25,13 @@ from vllm_hust_bundle_kit.contract import ENABLED_BUNDLES_ENVS, PLUGINS_ENV
 from vllm_spark2_5_plugin._registration import ARCHITECTURE
 from vllm_spark2_5_plugin.compat import RAY_EXTRA_ENV_VARS
 
-pytest.importorskip("ray")
-pytestmark = pytest.mark.slow
-
 RULES = ("v2_executor", "ray_executor", "dp_engine_actor")
 LIST = ENABLED_BUNDLES_ENVS[0]
 
 
 def workers(model, gate: dict[str, str], node: dict[str, str] = (), control=False) -> dict:
     """One Ray head (started before the gate is set), one worker per rule: their reports."""
+    pytest.importorskip("ray")
     argv = [sys.executable, "-m", "spark2_5_dev.ray_workers", str(model)]
     argv += [f"--gate={k}={v}" for k, v in gate.items()]
     argv += [f"--node={k}={v}" for k, v in dict(node).items()]
@@ -57,6 +55,16 @@ def workers(model, gate: dict[str, str], node: dict[str, str] = (), control=Fals
     return json.loads(out.splitlines()[-1])
 
 
+def test_the_carrier_appends_to_the_copy_list_and_keeps_the_operators_names(monkeypatch):
+    from vllm_spark2_5_plugin import compat
+
+    monkeypatch.setenv(RAY_EXTRA_ENV_VARS, " OPERATORS_FLAG, ")
+    assert compat.copy_to_ray_actors([ENABLE_ENV, LIST, ENABLE_ENV]) == [ENABLE_ENV, LIST]
+    assert compat.copy_to_ray_actors([ENABLE_ENV]) == []  # already listed: nothing changes
+    assert os.environ[RAY_EXTRA_ENV_VARS] == f"OPERATORS_FLAG,{ENABLE_ENV},{LIST}"
+
+
+@pytest.mark.slow
 def test_the_switch_reaches_the_workers_of_every_executor(spark_chat_model):
     """`SPARK2_5_PLUGIN_ENABLE=1 vllm serve ...` on the head; the Ray node never saw it."""
     report = workers(spark_chat_model, {ENABLE_ENV: "1"}, control=True)
@@ -70,6 +78,7 @@ def test_the_switch_reaches_the_workers_of_every_executor(spark_chat_model):
         assert report[rule]["resolve_error"] is None, (rule, report[rule])
 
 
+@pytest.mark.slow
 def test_under_the_manager_each_worker_gets_the_bundle_list_and_the_node_keeps_its_value(
     spark_chat_model,
 ):
