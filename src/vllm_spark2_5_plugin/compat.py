@@ -356,13 +356,21 @@ def copy_to_ray_actors(names: Iterable[str]) -> list[str]:
     in only what a node lacks. The older Ray executor (``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``)
     and the data-parallel engine-core actors copy vLLM's own variables, a few
     prefixes and the names in ``VLLM_RAY_EXTRA_ENV_VARS_TO_COPY`` (0.23 to 0.32
-    alike): the names are appended to that list, after the operator's own.
+    alike): the names are appended to that list, after the operator's own. Done
+    when this process imports ``vllm.envs`` (right away where it has), which every
+    process that starts Ray actors does first; the list returned is filled then.
     """
-    envs = importlib.import_module("vllm.envs")
-    if RAY_EXTRA_ENV_VARS not in envs.environment_variables:
-        return []
-    listed = [n.strip() for n in os.environ.get(RAY_EXTRA_ENV_VARS, "").split(",") if n.strip()]
-    added = [name for name in dict.fromkeys(names) if name not in listed]
-    if added:
-        os.environ[RAY_EXTRA_ENV_VARS] = ",".join([*listed, *added])
+    wanted = tuple(dict.fromkeys(names))
+    added: list[str] = []
+
+    def extend(envs: Any) -> None:
+        if RAY_EXTRA_ENV_VARS not in getattr(envs, "environment_variables", {}):
+            return
+        raw = os.environ.get(RAY_EXTRA_ENV_VARS, "")
+        listed = [name.strip() for name in raw.split(",") if name.strip()]
+        added.extend(name for name in wanted if name not in listed)
+        if added:
+            os.environ[RAY_EXTRA_ENV_VARS] = ",".join([*listed, *added])
+
+    deferred.after_import(("vllm.envs",), extend)
     return added

@@ -56,12 +56,39 @@ def workers(model, gate: dict[str, str], node: dict[str, str] = (), control=Fals
 
 
 def test_the_carrier_appends_to_the_copy_list_and_keeps_the_operators_names(monkeypatch):
+    import vllm.envs  # noqa: F401 - where it is imported, the list is extended right away
+
     from vllm_spark2_5_plugin import compat
 
     monkeypatch.setenv(RAY_EXTRA_ENV_VARS, " OPERATORS_FLAG, ")
     assert compat.copy_to_ray_actors([ENABLE_ENV, LIST, ENABLE_ENV]) == [ENABLE_ENV, LIST]
     assert compat.copy_to_ray_actors([ENABLE_ENV]) == []  # already listed: nothing changes
     assert os.environ[RAY_EXTRA_ENV_VARS] == f"OPERATORS_FLAG,{ENABLE_ENV},{LIST}"
+
+
+COPY_WHEN_VLLM_LOADS = f"""
+import os, sys
+from vllm_spark2_5_plugin import compat
+added = compat.copy_to_ray_actors([{ENABLE_ENV!r}])
+before = (list(added), os.environ.get({RAY_EXTRA_ENV_VARS!r}), "vllm" in sys.modules)
+import vllm.envs
+print(before, (added, os.environ.get({RAY_EXTRA_ENV_VARS!r})))
+"""
+
+
+def test_the_copy_list_is_extended_when_vllm_loads_and_vllm_is_not_imported_for_it():
+    result = subprocess.run(
+        [sys.executable, "-c", COPY_WHEN_VLLM_LOADS],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    before, after = result.stdout.strip().splitlines()[-1].split(") (")
+    assert before == "([], None, False"
+    assert after == f"[{ENABLE_ENV!r}], {ENABLE_ENV!r})"
 
 
 @pytest.mark.slow
