@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 from vllm_hust_bundle_kit import installed, manager, render
 from vllm_hust_bundle_kit.contract import MANAGER_LAUNCH_ONLY_ENVS
 from vllm_hust_bundle_kit.errors import BundleError
+from vllm_hust_bundle_kit.gate import switch_names
 from vllm_hust_bundle_kit.versions import host_compatibility
 
 PROG = "vllm-hust-bundle"
@@ -101,9 +102,9 @@ def _validate(args: argparse.Namespace) -> int:
             for item in report
         ],
     )
-    invalid = [item["extension_id"] for item in report if not item["valid"]]
+    invalid = [item["problem"] for item in report if not item["valid"]]
     if invalid:
-        raise Finding(f"invalid bundle manifests: {', '.join(invalid)}")
+        raise Finding("; ".join(invalid))
     return OK
 
 
@@ -151,11 +152,7 @@ def _inspect_one(
 def _switch_off_command(bundle: installed.Bundle) -> str | None:
     """How to launch once without ``bundle`` while the manager keeps it enabled: its switch
     set after ``--``, where the manager's own value of it no longer applies."""
-    switches = [
-        name
-        for name, value in bundle.manifest.get("activation", {}).get("environment", {}).items()
-        if value == "1"
-    ]
+    switches = switch_names(bundle.manifest)
     if not switches:
         return None
     return f"vllm-hust-ext run -- env {' '.join(f'{n}=0' for n in switches)} COMMAND..."

@@ -60,6 +60,12 @@ def parse_switch(environ: Mapping[str, str], name: str, warnings: list[str]) -> 
     return False
 
 
+def switch_names(manifest: Mapping) -> list[str]:
+    """The manifest's ``activation.environment`` variables that a launch sets to ``"1"``."""
+    environment = manifest.get("activation", {}).get("environment", {})
+    return [name for name, value in environment.items() if value == "1"]
+
+
 @dataclass(frozen=True)
 class GateDecision:
     """Whether the carrier registers anything in this process, and why."""
@@ -91,11 +97,7 @@ class CarrierGate:
                 for item in manifest["implementation"]
                 if f"{item.get('module')}:{item.get('object')}" == carrier
             }
-            switches = [
-                name
-                for name, value in manifest.get("activation", {}).get("environment", {}).items()
-                if value == "1"
-            ]
+            switches = switch_names(manifest)
             host = manifest["host"]
             bundle_id = manifest["extension_id"]
             host_name, host_range = host["name"], host["version_range"]
