@@ -48,6 +48,7 @@ from vllm_hust_bundle_kit.contract import (
     MANAGER_LAUNCH_ONLY_ENVS,
     PLUGINS_ENV,
     RENDERED_FILENAME,
+    STATE_ENV,
     VLLM_PLUGIN_GROUP,
 )
 from vllm_hust_bundle_kit.errors import BundleError
@@ -172,6 +173,7 @@ def test_vllm_plugins_is_set_and_ascend_is_added_while_the_bundle_is_enabled(
         assert dry_run.returncode == 0, dry_run.stderr
         injected = json.loads(dry_run.stdout)["environment"]
     assert injected[PLUGINS_ENV] == expected.format(plugin=plugin)
+    assert STATE_ENV not in injected  # exported by the caller here, never injected
     assert injected[switch] == "1"
     assert injected[ENABLED_BUNDLES_ENVS[0]] == bundle.extension_id
 

@@ -59,6 +59,11 @@ def test_vllm_serve_under_the_managers_environment_loads_the_carrier(
         assert "enabled=1" in line and f"verified={GATE.host_range}" in line, line
         # The manager sets the switch and the list; the load line credits the manager.
         assert f"via={ENABLED_BUNDLES_ENVS[0]} lists {BUNDLE_ID}" in line, line
+    # The first process puts the carrier's variables on vLLM's Ray copy list; the
+    # processes it starts inherit the list (docs/multi-node-and-ray.md).
+    copied = [line for line in lines if "ray_actors_copy=" in line]
+    assert len(copied) == 1, lines
+    assert f"ray_actors_copy={ENABLE_ENV},{ENABLED_BUNDLES_ENVS[0]}" in copied[0]
     # What docs/bundle.md tells operators they will see, and that it is harmless.
     for name in (*MANAGER_LAUNCH_ONLY_ENVS, STATE_ENV):
         assert f"Unknown vLLM environment variable detected: {name}" in log, name
