@@ -146,7 +146,7 @@ def test_discovery_from_the_installed_wheel_imports_no_carrier(
     assert found["imported"] == []
 
 
-# --- measured point 1: VLLM_PLUGINS, with `ascend` added, while a plugin bundle is enabled ---
+# --- point 1 (of docs/bundle.md): VLLM_PLUGINS, with `ascend`, while a plugin bundle is enabled
 
 PLUGIN_CASES = {
     "unset": (None, "ascend,{plugin}"),
@@ -178,7 +178,7 @@ def test_vllm_plugins_is_set_and_ascend_is_added_while_the_bundle_is_enabled(
     assert injected[ENABLED_BUNDLES_ENVS[0]] == bundle.extension_id
 
 
-# --- measured point 2: a real launch sets more than --dry-run shows -------------------------
+# --- point 3: a real launch sets more than --dry-run shows ---------------------------------------
 
 
 @pytest.mark.parametrize("manager_kind", MANAGERS)
@@ -226,7 +226,7 @@ def test_a_real_launch_sets_evidence_variables_that_dry_run_does_not_show(
     assert set(MANAGER_LAUNCH_ONLY_ENVS) <= set(seen)
 
 
-# --- measured point 3: another bundle's enabled-but-missing entry blocks the manager --------
+# --- point 4: another bundle's enabled-but-missing entry blocks the manager ----------------------
 
 
 @pytest.mark.parametrize("manager_kind", MANAGERS)
@@ -250,7 +250,7 @@ def test_an_enabled_bundle_that_is_not_installed_blocks_the_manager(
     assert result.returncode == 2 and expected in result.stderr
 
 
-# --- measured point 4: pre-release hosts are judged by the installed packaging ------------
+# --- point 5: pre-release hosts are judged by the installed packaging ----------------------------
 
 HOST_VERSIONS = ["0.32.1rc1", "0.32.1rc1.dev3", "0.33.0", "0.26.0"]
 
@@ -285,7 +285,7 @@ def test_prerelease_hosts_are_judged_by_the_installed_packaging(
     assert expected in json.loads(result.stdout)["states"]
 
 
-# --- measured point 5: the manager owns its state; this project never writes it ------------
+# --- point 6: the manager owns its state; this project never writes it ---------------------------
 
 
 @pytest.mark.parametrize("manager_kind", MANAGERS)
@@ -306,7 +306,7 @@ def test_enable_and_disable_are_the_managers_alone(manager_kind, state_file):
     assert state["extensions"]["org.example.unknown"]["enabled"] is False
 
 
-# --- measured point 6: error lines ---------------------------------------------------------
+# --- a deliberate difference: error lines --------------------------------------------------------
 
 
 @pytest.mark.parametrize("manager_kind", MANAGERS)
@@ -324,7 +324,7 @@ def test_errors_are_one_line_here_and_two_lines_from_the_manager(manager_kind, s
     assert usage.startswith("usage: vllm-hust-ext") and error.startswith("vllm-hust-ext: error:")
 
 
-# --- measured point 7: a corrupt state file ---------------------------------------------------
+# --- a deliberate difference: a corrupt state file -----------------------------------------------
 
 
 @pytest.mark.parametrize("manager_kind", MANAGERS)
@@ -393,7 +393,7 @@ def test_a_state_path_under_a_regular_file_is_reported(bundle, verified_host, tm
     assert code == 1 and report["launch_environment"] == {ENABLED_BUNDLES_ENVS[0]: ""}
 
 
-# --- measured point 8: an import_only bundle ------------------------------------------------
+# --- point 7: an import_only bundle --------------------------------------------------------------
 
 
 def test_an_import_only_bundle_is_refused_a_launch_with_the_managers_words(bundle):
@@ -405,7 +405,7 @@ def test_an_import_only_bundle_is_refused_a_launch_with_the_managers_words(bundl
     )
 
 
-# --- measured point 9: this project validates more strictly than the manager ----------------
+# --- a deliberate difference: this project validates more strictly than the manager --------------
 
 
 def _mutated(bundle: installed.Bundle, change) -> installed.Bundle:

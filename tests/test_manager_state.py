@@ -38,7 +38,7 @@ def gate_probe(bundle) -> list[str]:
     return [sys.executable, "-c", GATE_PROBE, ".".join(package.parts), carrier, "UNUSED_OVERRIDE"]
 
 
-# --- the state file's path: platformdirs' user_config_path, as the manager computes it ------
+# --- point 6: the state file is platformdirs' user_config_path, as the manager finds it ----
 
 
 @pytest.mark.parametrize("manager_kind", MANAGERS)
@@ -68,7 +68,7 @@ def test_the_state_file_follows_xdg_config_home(
     assert code == 0, err
 
 
-# --- the manifest's switch replaces the caller's; after `--` it is the operator's ------------
+# --- point 2: the manifest's switch replaces the caller's; after `--` it is the operator's ---
 
 
 @pytest.mark.parametrize("manager_kind", MANAGERS)
@@ -105,7 +105,7 @@ def test_one_launch_without_the_carrier_sets_the_switch_after_the_dashes(
         }
 
 
-# --- inspect and env answer for the state as it stands ---------------------------------------
+# --- point 4 and `inspect`/`env` answering for the state as it stands -------------------------
 
 
 STALE = {"org.example.other": {"enabled": True, "configuration": {}}}
