@@ -187,3 +187,19 @@ def test_a_refused_launch_names_the_manifest_field_and_value(bundle, tmp_path, s
         f"{bundle.extension_id!r}: host vllm 0.0.1 is outside host.version_range "
         f"{version_range!r} (incompatible)"
     )
+
+
+def test_a_bundle_not_enabled_is_left_out_and_says_why_enabling_it_would_fail(
+    bundle, tmp_path, state_file
+):
+    from carrier_harness.project import fake_host_distribution
+
+    host = fake_host_distribution(tmp_path / "host", "vllm", "0.0.1")
+    code, report, err = inspect(bundle.extension_id, manager_env(state_file, host))
+    assert code == 1
+    # The manager launches without it: no refusal, only the empty bundle list.
+    assert report["launch_refusal"] is None
+    assert report["launch_environment"] == {ENABLED_BUNDLES_ENVS[0]: ""}
+    assert "host vllm 0.0.1 is outside" in report["launch_refusal_once_enabled"]
+    (line,) = err.splitlines()
+    assert "leaves this bundle out; and enabling it would not help: " in line

@@ -142,6 +142,7 @@ def _inspect_one(
             "problem": state.problem,
         },
         "launch_refusal": launch.refusal,
+        "launch_refusal_once_enabled": launch.refusal_once_enabled,
         "launch_environment": injected,
         "launch_also_sets": list(MANAGER_LAUNCH_ONLY_ENVS),
         "launch_overrides": manager.overridden_by_launch(injected or {}) if launch.enabled else {},
@@ -165,10 +166,14 @@ def _launch_problem(item: dict[str, Any]) -> str | None:
     if item["launch_refusal"]:
         return item["launch_refusal"]
     if not item["manager_state"]["enabled"]:
+        fix = (
+            f"and enabling it would not help: {item['launch_refusal_once_enabled']}"
+            if item["launch_refusal_once_enabled"]
+            else f"enable it with `vllm-hust-ext extension enable {item['extension_id']}`"
+        )
         return (
             f"{item['manager_state']['path']}: extensions.{item['extension_id']}.enabled is not "
-            "true, so vllm-hust-ext run leaves this bundle out; enable it with "
-            f"`vllm-hust-ext extension enable {item['extension_id']}`"
+            f"true, so vllm-hust-ext run leaves this bundle out; {fix}"
         )
     return None
 
@@ -178,7 +183,11 @@ def _launch_lines(item: dict[str, Any]) -> list[str]:
         return [f"  launch: refused: {item['launch_refusal']}"]
     injected = " ".join(f"{k}={shlex.quote(v)}" for k, v in item["launch_environment"].items())
     if not item["manager_state"]["enabled"]:
-        return [f"  launch: not enabled: vllm-hust-ext run leaves it out and injects {injected}"]
+        blocked = item["launch_refusal_once_enabled"]
+        return [
+            f"  launch: not enabled: vllm-hust-ext run leaves it out and injects {injected}",
+            *([f"  once enabled: refused: {blocked}"] if blocked else []),
+        ]
     overrides = item["launch_overrides"]
     return [
         f"  launch: vllm-hust-ext run would inject {injected}",

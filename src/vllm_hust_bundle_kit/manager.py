@@ -161,9 +161,9 @@ def overridden_by_launch(
     injected: Mapping[str, str], environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """The caller's variables that a launch injecting ``injected`` replaces: name -> the
-    caller's value. The manager updates its own environment with what it injects, so
-    a value set before ``vllm-hust-ext run`` never reaches the command; one set after
-    ``--`` (``vllm-hust-ext run -- env NAME=VALUE vllm serve ...``) does."""
+    caller's value. The manager starts the command with its own environment updated by
+    what it injects, so a value set before ``vllm-hust-ext run`` never reaches the
+    command; one set after ``--`` (``vllm-hust-ext run -- env NAME=VALUE ...``) does."""
     env = os.environ if environ is None else environ
     return {
         name: env[name]
@@ -179,6 +179,7 @@ class LaunchPrediction:
     enabled: bool
     refusal: str | None  # one line naming the file, the field and the value
     environment: dict[str, str] | None  # what the launch injects, when it would launch
+    refusal_once_enabled: str | None = None  # a bundle not enabled: why enabling it fails
 
 
 def predict_launch(
@@ -193,11 +194,11 @@ def predict_launch(
     if state.problem:
         return LaunchPrediction(enabled, state.problem, None)
     refusal = refused_launch(bundle)
-    if refusal:
+    if refusal and enabled:
         return LaunchPrediction(enabled, refusal, None)
     by_id = {item.extension_id: item for item in installed_bundles}
-    try:
+    try:  # the launch with every enabled bundle, as the manager makes it
         environment = activation_environment([by_id[i] for i in state.enabled], environ)
     except BundleError as exc:
-        return LaunchPrediction(enabled, f"{state.path}: {exc}", None)
-    return LaunchPrediction(enabled, None, environment)
+        return LaunchPrediction(enabled, str(exc), None)
+    return LaunchPrediction(enabled, None, environment, refusal)
