@@ -8,7 +8,8 @@ inject. The manager's state file is read, never written: enabling stays the
 manager's job.
 
 Exit status: 0 all good; 1 the command ran and found a problem (a stale or
-invalid manifest, a launch the manager would refuse); 2 it could not run as
+invalid manifest, a launch the manager would refuse, for inspect a bundle its
+state file does not enable); 2 it could not run as
 asked (bad arguments, an unknown bundle id, an unreadable or malformed input).
 Problems print one line on stderr: PROG: error: FILE: FIELD = VALUE: PROBLEM AND FIX.
 """
