@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import configparser
 import dataclasses
-import importlib.util
 import json
 import re
-import subprocess
 import sys
 import textwrap
 import zipfile
@@ -26,6 +24,16 @@ from pathlib import Path
 import pytest
 
 from carrier_harness.env import clean_env
+from carrier_harness.manager import (
+    MANAGERS,
+    TOOL,
+    enable_in,
+    inspect,
+    manager_env,
+    real_manager,
+    run,
+    write_state,
+)
 from carrier_harness.project import (
     PROJECT_ROOT,
     fake_host_distribution,
@@ -44,81 +52,6 @@ from vllm_hust_bundle_kit.contract import (
     VLLM_PLUGIN_GROUP,
 )
 from vllm_hust_bundle_kit.errors import BundleError
-
-REAL_MANAGER_MISSING = (
-    "vllm_hust_ext is not importable here (not on the package index; install it from its git "
-    "repository to run the contract through the real manager)"
-)
-MANAGERS = ["recorded", "vllm_hust_ext"]
-TOOL = str(Path(sys.executable).with_name("vllm-hust-bundle"))
-
-
-def run(argv, env, **kwargs) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        argv, env=env, capture_output=True, text=True, timeout=300, check=False, **kwargs
-    )
-
-
-def real_manager() -> str:
-    executable = Path(sys.executable).with_name("vllm-hust-ext")
-    if importlib.util.find_spec("vllm_hust_ext") is None or not executable.exists():
-        pytest.skip(REAL_MANAGER_MISSING)
-    return str(executable)
-
-
-@pytest.fixture(scope="module")
-def bundle() -> installed.Bundle:
-    return our_bundles()[0]
-
-
-@pytest.fixture(scope="module")
-def switch(bundle) -> str:
-    (name,) = [n for n, v in bundle.manifest["activation"]["environment"].items() if v == "1"]
-    return name
-
-
-@pytest.fixture(scope="module")
-def plugin(bundle) -> str:
-    (name,) = [
-        ep["name"]
-        for ep in bundle.manifest["activation"]["entry_points"]
-        if ep["group"] == VLLM_PLUGIN_GROUP
-    ]
-    return name
-
-
-@pytest.fixture
-def verified_host(bundle, tmp_path):
-    """A metadata-only vllm of the first verified release, for launch predictions that
-    must not depend on which vLLM runs the suite."""
-    from carrier_harness.project import bundle_source
-
-    verified = bundle_source(bundle.extension_id)["host"]["verified_on"][0]
-    return fake_host_distribution(tmp_path / "host", "vllm", verified)
-
-
-@pytest.fixture
-def state_file(tmp_path):
-    return tmp_path / "config" / "vllm-hust-ext.json"
-
-
-def manager_env(state_file: Path, host: Path | None = None, **extra: str) -> dict[str, str]:
-    env = clean_env(**{STATE_ENV: str(state_file)}, **extra)
-    if host is not None:
-        env["PYTHONPATH"] = str(host)
-    return env
-
-
-def write_state(path: Path, extensions: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"schema_version": 2, "extensions": extensions}))
-
-
-def inspect(extension_id: str, env: dict[str, str]) -> tuple[int, dict, str]:
-    result = run([TOOL, "inspect", "--json", extension_id], env=env)
-    (report,) = json.loads(result.stdout)
-    return result.returncode, report, result.stderr
-
 
 # --- the built wheel: what the manager discovers -------------------------------------------
 
@@ -213,7 +146,7 @@ def test_discovery_from_the_installed_wheel_imports_no_carrier(
     assert found["imported"] == []
 
 
-# --- measured point 1: VLLM_PLUGINS is always set, with `ascend` added ---------------------
+# --- point 1 (of docs/bundle.md): VLLM_PLUGINS, with `ascend`, while a plugin bundle is enabled
 
 PLUGIN_CASES = {
     "unset": (None, "ascend,{plugin}"),
@@ -224,7 +157,7 @@ PLUGIN_CASES = {
 
 @pytest.mark.parametrize("manager_kind", MANAGERS)
 @pytest.mark.parametrize(("allowed", "expected"), PLUGIN_CASES.values(), ids=PLUGIN_CASES)
-def test_vllm_plugins_is_always_set_and_ascend_is_added(
+def test_vllm_plugins_is_set_and_ascend_is_added_while_the_bundle_is_enabled(
     manager_kind, bundle, switch, plugin, verified_host, state_file, allowed, expected
 ):
     extra = {} if allowed is None else {PLUGINS_ENV: allowed}
@@ -240,11 +173,37 @@ def test_vllm_plugins_is_always_set_and_ascend_is_added(
         assert dry_run.returncode == 0, dry_run.stderr
         injected = json.loads(dry_run.stdout)["environment"]
     assert injected[PLUGINS_ENV] == expected.format(plugin=plugin)
+    assert STATE_ENV not in injected  # exported by the caller here, never injected
     assert injected[switch] == "1"
     assert injected[ENABLED_BUNDLES_ENVS[0]] == bundle.extension_id
 
 
-# --- measured point 2: a real launch sets more than --dry-run shows -------------------------
+# --- point 3: a real launch sets more than --dry-run shows ---------------------------------------
+
+
+@pytest.mark.parametrize("manager_kind", MANAGERS)
+@pytest.mark.parametrize("how", ["never-enabled", "disabled"])
+def test_with_nothing_enabled_only_the_empty_bundle_list_is_injected(
+    manager_kind, bundle, verified_host, state_file, how
+):
+    env = manager_env(state_file, verified_host, **{PLUGINS_ENV: "lora_filesystem_resolver"})
+    if manager_kind == "recorded":
+        if how == "disabled":
+            write_state(state_file, {bundle.extension_id: {"enabled": False, "configuration": {}}})
+        code, report, err = inspect(bundle.extension_id, env)
+        assert code == 1 and report["manager_state"]["enabled"] is False
+        injected = report["launch_environment"]
+        (line,) = err.splitlines()
+        assert f"{state_file}: extensions.{bundle.extension_id}.enabled is not true" in line
+    else:
+        cli = real_manager()
+        if how == "disabled":
+            assert run([cli, "extension", "enable", bundle.extension_id], env=env).returncode == 0
+            assert run([cli, "extension", "disable", bundle.extension_id], env=env).returncode == 0
+        dry_run = run([cli, "run", "--dry-run", "--", "true"], env=env)
+        assert dry_run.returncode == 0, dry_run.stderr
+        injected = json.loads(dry_run.stdout)["environment"]
+    assert injected == {ENABLED_BUNDLES_ENVS[0]: ""}
 
 
 @pytest.mark.parametrize("manager_kind", MANAGERS)
@@ -253,6 +212,7 @@ def test_a_real_launch_sets_evidence_variables_that_dry_run_does_not_show(
 ):
     env = manager_env(state_file, verified_host)
     if manager_kind == "recorded":
+        enable_in(state_file, bundle.extension_id)
         code, report, _ = inspect(bundle.extension_id, env)
         assert code == 0
         assert report["launch_also_sets"] == list(MANAGER_LAUNCH_ONLY_ENVS)
@@ -266,7 +226,7 @@ def test_a_real_launch_sets_evidence_variables_that_dry_run_does_not_show(
     assert set(MANAGER_LAUNCH_ONLY_ENVS) <= set(seen)
 
 
-# --- measured point 3: another bundle's enabled-but-missing entry blocks the manager --------
+# --- point 4: another bundle's enabled-but-missing entry blocks the manager ----------------------
 
 
 @pytest.mark.parametrize("manager_kind", MANAGERS)
@@ -290,7 +250,7 @@ def test_an_enabled_bundle_that_is_not_installed_blocks_the_manager(
     assert result.returncode == 2 and expected in result.stderr
 
 
-# --- measured point 4: pre-release hosts are judged by the installed packaging ------------
+# --- point 5: pre-release hosts are judged by the installed packaging ----------------------------
 
 HOST_VERSIONS = ["0.32.1rc1", "0.32.1rc1.dev3", "0.33.0", "0.26.0"]
 
@@ -312,6 +272,7 @@ def test_prerelease_hosts_are_judged_by_the_installed_packaging(
     )
     env = manager_env(state_file, fake_host_distribution(tmp_path, "vllm", host_version))
     if manager_kind == "recorded":
+        enable_in(state_file, bundle.extension_id)
         code, report, _ = inspect(bundle.extension_id, env)
         assert report["host"]["installed"] == host_version
         assert report["host"]["compatibility"] == expected
@@ -324,7 +285,7 @@ def test_prerelease_hosts_are_judged_by_the_installed_packaging(
     assert expected in json.loads(result.stdout)["states"]
 
 
-# --- measured point 5: the manager owns its state; this project never writes it ------------
+# --- point 6: the manager owns its state; this project never writes it ---------------------------
 
 
 @pytest.mark.parametrize("manager_kind", MANAGERS)
@@ -345,7 +306,7 @@ def test_enable_and_disable_are_the_managers_alone(manager_kind, state_file):
     assert state["extensions"]["org.example.unknown"]["enabled"] is False
 
 
-# --- measured point 6: error lines ---------------------------------------------------------
+# --- a deliberate difference: error lines --------------------------------------------------------
 
 
 @pytest.mark.parametrize("manager_kind", MANAGERS)
@@ -363,7 +324,7 @@ def test_errors_are_one_line_here_and_two_lines_from_the_manager(manager_kind, s
     assert usage.startswith("usage: vllm-hust-ext") and error.startswith("vllm-hust-ext: error:")
 
 
-# --- measured point 7: a corrupt state file ---------------------------------------------------
+# --- a deliberate difference: a corrupt state file -----------------------------------------------
 
 
 @pytest.mark.parametrize("manager_kind", MANAGERS)
@@ -424,22 +385,27 @@ def test_a_state_path_under_a_regular_file_is_reported(bundle, verified_host, tm
     blocker.write_text("")
     code, report, _ = inspect(bundle.extension_id, manager_env(blocker / "x.json", verified_host))
     # Nothing to read there: the manager would see no state, so nothing is enabled.
-    assert code == 0 and report["manager_state"]["enabled"] is False
+    assert report["manager_state"] == {
+        "path": str(blocker / "x.json"),
+        "enabled": False,
+        "problem": None,
+    }
+    assert code == 1 and report["launch_environment"] == {ENABLED_BUNDLES_ENVS[0]: ""}
 
 
-# --- measured point 8: an import_only bundle ------------------------------------------------
+# --- point 7: an import_only bundle --------------------------------------------------------------
 
 
 def test_an_import_only_bundle_is_refused_a_launch_with_the_managers_words(bundle):
     with pytest.raises(BundleError) as error:
         manager.activation_environment([with_status(bundle, "import_only")], clean_env())
     assert str(error.value) == (
-        f"refusing to launch {bundle.extension_id!r}: extension is descriptor-only and cannot "
-        "be enabled (implementation status: import_only)"
+        f"{bundle.manifest_path}: refusing to launch {bundle.extension_id!r}: extension is "
+        "descriptor-only and cannot be enabled (implementation status: import_only)"
     )
 
 
-# --- measured point 9: this project validates more strictly than the manager ----------------
+# --- a deliberate difference: this project validates more strictly than the manager --------------
 
 
 def _mutated(bundle: installed.Bundle, change) -> installed.Bundle:
@@ -493,7 +459,7 @@ def test_launch_is_refused_when_the_host_is_not_installed(bundle):
     with pytest.raises(BundleError) as error:
         manager.activation_environment([active], clean_env())
     assert str(error.value) == (
-        f"refusing to launch {bundle.extension_id!r}: "
+        f"{bundle.manifest_path}: refusing to launch {bundle.extension_id!r}: "
         "host vllm-host-that-is-not-installed is not installed (unknown)"
     )
 
@@ -523,7 +489,10 @@ def test_env_refuses_a_launch_the_manager_would_refuse(bundle, tmp_path, state_f
     assert result.returncode == 1
     assert result.stdout == ""
     (line,) = result.stderr.splitlines()
-    assert line.startswith(f"vllm-hust-bundle: error: refusing to launch {bundle.extension_id!r}")
+    assert line.startswith(
+        f"vllm-hust-bundle: error: {bundle.manifest_path}: refusing to launch "
+        f"{bundle.extension_id!r}"
+    )
     assert "host vllm 0.0.1 is outside host.version_range" in line
 
 

@@ -67,7 +67,8 @@ def test_validate_reports_every_bundle_and_exits_1_on_an_invalid_one(broken_site
     assert "host.version_range" in report[broken]["problem"]
     assert all(item["valid"] for name, item in report.items() if name != broken)
     (line,) = result.stderr.splitlines()
-    assert line == f"vllm-hust-bundle: error: invalid bundle manifests: {broken}"
+    assert line == f"vllm-hust-bundle: error: {report[broken]['problem']}"
+    assert line.startswith(f"vllm-hust-bundle: error: {site / 'broken_bundle'}")
 
 
 def test_validate_and_inspect_exit_0_when_all_is_well():

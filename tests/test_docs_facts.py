@@ -128,6 +128,16 @@ def test_every_bundle_tool_command_in_the_docs_exists():
         assert done.returncode == 0, f"vllm-hust-bundle {command}: {done.stderr}"
 
 
+def test_every_file_named_in_manifest_toml_comments_exists():
+    comments = " ".join(
+        line.split("#", 1)[1] for line in _text("manifest.toml").splitlines() if "#" in line
+    )
+    named = re.findall(r"[\w.-]+(?:/[\w.-]+)+\.(?:md|py|json|toml)", comments)
+    assert named, "manifest.toml's comments name no file any more"
+    for name in named:
+        assert (ROOT / name).exists(), f"manifest.toml names {name}"
+
+
 def test_trusted_publisher_settings_and_artifacts_match_the_workflow():
     workflow_file = ROOT / ".github" / "workflows" / "publish.yml"
     assert "| Workflow name | `publish.yml` |" in RELEASE and workflow_file.is_file()
@@ -282,6 +292,39 @@ def test_the_vllm_api_facts_in_provenance_hold_on_the_installed_vllm():
         "old_chat_utils": False,
         "old_engine": False,
     }
+
+
+_RAY_FACTS_PROBE = """
+import importlib.util, inspect, json, os
+os.environ.pop("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", None)
+import vllm.envs as envs
+omp = importlib.util.find_spec("vllm.utils.ompmultiprocessing").origin
+print(json.dumps({
+    "copy_list": "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY" in envs.environment_variables,
+    "v2_by_default": envs.environment_variables["VLLM_USE_RAY_V2_EXECUTOR_BACKEND"](),
+    "ray_env": inspect.getsource(importlib.import_module("vllm.ray.ray_env")),
+    "omp": open(omp, encoding="utf-8").read(),
+}))
+"""
+
+
+def test_the_vllm_facts_of_the_ray_doc_and_the_numa_error_hold_on_the_installed_vllm():
+    doc = " ".join(_text("extensions/spark2_5/docs/multi-node-and-ray.md").split())
+    readme = " ".join(_text("README.md").split())
+    done = subprocess.run(
+        [sys.executable, "-c", _RAY_FACTS_PROBE], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    assert facts["copy_list"] and facts["v2_by_default"] is True
+    assert "ray_non_carry_over_env_vars.json" in facts["ray_env"] and "`VLLM_`, `HF_`" in doc
+    assert '"VLLM_",' in facts["ray_env"] and '"HF_",' in facts["ray_env"]
+    # The README quotes vLLM's own assertion, whose parts are string pieces in its source.
+    quoted = re.search(r"`AssertionError: (Not enough allowed NUMA nodes[^`]*)`", readme).group(1)
+    message = facts["omp"][facts["omp"].index('f"Not enough allowed NUMA nodes') :]
+    source = "".join(re.findall(r'f?"([^"]*)"', message)[:4])
+    source = source.replace("{local_world_size}", "2").replace("{allowed_numa_nodes}", "[0]")
+    assert quoted == source
 
 
 # --- docs/evidence.md ---------------------------------------------------------------------

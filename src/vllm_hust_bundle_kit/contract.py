@@ -26,7 +26,10 @@ MANAGER_LAUNCH_ONLY_ENVS = (
     "VLLM_HUST_EXT_EVIDENCE_PATH",
 )
 STATE_ENV = "VLLM_HUST_EXT_CONFIG"
-DEFAULT_STATE_PATH = "~/.config/vllm-hust-ext/config.json"
+# Without STATE_ENV the manager keeps STATE_FILENAME in platformdirs'
+# user_config_path(MANAGER_APP_NAME) (on Linux $XDG_CONFIG_HOME, else ~/.config).
+MANAGER_APP_NAME = "vllm-hust-ext"
+STATE_FILENAME = "config.json"
 # Computed by the manager on every launch; a bundle's environment must not set them.
 MANAGER_OWNED_ENVS = (PLUGINS_ENV, *ENABLED_BUNDLES_ENVS)
 

@@ -3,6 +3,9 @@
 A carrier is enabled in a vLLM process when its enable variable is on, or when
 the extension manager lists its bundle in ``VLLMHUST_EXT_ENABLED_BUNDLES`` and
 the carrier's own manifest says the manager may enable it (status ``active``).
+An explicit off wins over the list; ``vllm-hust-ext run`` sets the variable on
+itself (replacing the caller's value), so an operator switches a managed
+carrier off for one launch after ``--``: ``vllm-hust-ext run -- env VAR=0 ...``.
 The bundle id, the enable variable (the one ``activation.environment`` entry
 whose value is ``"1"``), the carrier's status and the host range are read from
 the bundle's rendered manifest, so ``manifest.toml`` is the one place they are
@@ -57,6 +60,12 @@ def parse_switch(environ: Mapping[str, str], name: str, warnings: list[str]) -> 
     return False
 
 
+def switch_names(manifest: Mapping) -> list[str]:
+    """The manifest's ``activation.environment`` variables that a launch sets to ``"1"``."""
+    environment = manifest.get("activation", {}).get("environment", {})
+    return [name for name, value in environment.items() if value == "1"]
+
+
 @dataclass(frozen=True)
 class GateDecision:
     """Whether the carrier registers anything in this process, and why."""
@@ -88,11 +97,7 @@ class CarrierGate:
                 for item in manifest["implementation"]
                 if f"{item.get('module')}:{item.get('object')}" == carrier
             }
-            switches = [
-                name
-                for name, value in manifest.get("activation", {}).get("environment", {}).items()
-                if value == "1"
-            ]
+            switches = switch_names(manifest)
             host = manifest["host"]
             bundle_id = manifest["extension_id"]
             host_name, host_range = host["name"], host["version_range"]
@@ -119,13 +124,16 @@ class CarrierGate:
         warnings: list[str] = []
         override = parse_switch(env, self.override_env, warnings) is True
         switch = parse_switch(env, self.enable_env, warnings)
+        listed_in = self._listed_in(env)
+        if switch and listed_in and self.manager_may_enable:
+            # `vllm-hust-ext run` sets the switch and the list together: credit the manager.
+            return GateDecision(True, f"{listed_in} lists {self.bundle_id}", override, (*warnings,))
         if switch is not None:
             # An explicit setting, on or off, wins over the manager's bundle list.
             value = env[self.enable_env].strip().lower()
             understood = value in ON_VALUES or value in OFF_VALUES
             source = f"{self.enable_env}={value}" if understood else f"{self.enable_env} invalid"
             return GateDecision(switch, source, override, tuple(warnings))
-        listed_in = self._listed_in(env)
         if listed_in is None:
             return GateDecision(False, f"{self.enable_env} unset", override, tuple(warnings))
         if not self.manager_may_enable:
@@ -137,6 +145,16 @@ class CarrierGate:
                 tuple(warnings),
             )
         return GateDecision(True, f"{listed_in} lists {self.bundle_id}", override, tuple(warnings))
+
+    def settings_in(self, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+        """The carrier's variables set in ``environ``: the gate's own (switch, override,
+        bundle lists) and every other one named with the switch's prefix (for
+        ``SPARK2_5_PLUGIN_ENABLE``: ``SPARK2_5_PLUGIN_``). These decide what the carrier
+        does in a process, so each process vLLM starts for the engine needs them."""
+        env = os.environ if environ is None else environ
+        prefix = self.enable_env.rpartition("_")[0] + "_"
+        own = (self.enable_env, self.override_env, *ENABLED_BUNDLES_ENVS)
+        return tuple(sorted(n for n in env if n in own or n.startswith(prefix)))
 
     def _listed_in(self, environ: Mapping[str, str]) -> str | None:
         for name in ENABLED_BUNDLES_ENVS:

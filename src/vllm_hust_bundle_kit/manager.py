@@ -3,11 +3,13 @@
 The manager owns its state file and its launches; this module only reads the
 state and predicts, as measured against the real manager:
 
+* :func:`state_path`: where the manager keeps its state, found as it finds it;
 * :func:`read_state`: the bundles enabled in its state file, and why the
   manager would refuse to run at all (an enabled bundle that is not installed);
 * :func:`launch_refusal`: why ``vllm-hust-ext run`` would refuse a bundle;
 * :func:`activation_environment`: exactly what ``run --dry-run`` and
-  ``extension env`` inject for a set of bundles.
+  ``extension env`` inject for a set of bundles;
+* :func:`overridden_by_launch`: the caller's variables a launch replaces.
 """
 
 from __future__ import annotations
@@ -16,14 +18,14 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from vllm_hust_bundle_kit.contract import (
-    DEFAULT_STATE_PATH,
     ENABLED_BUNDLES_ENVS,
+    MANAGER_APP_NAME,
     MANAGER_BUILTIN_PLUGINS,
     PLUGINS_ENV,
     STATE_ENV,
+    STATE_FILENAME,
     VLLM_PLUGIN_GROUP,
 )
 from vllm_hust_bundle_kit.errors import BundleError, error, shown
@@ -34,9 +36,15 @@ from vllm_hust_bundle_kit.versions import COMPATIBLE, UNKNOWN, host_compatibilit
 
 
 def state_path(environ: Mapping[str, str] | None = None) -> Path:
-    """The manager's state file: ``$VLLM_HUST_EXT_CONFIG`` or the per-user default."""
+    """The manager's state file: ``$VLLM_HUST_EXT_CONFIG`` when set and not empty, else
+    ``config.json`` in platformdirs' per-user config folder of the manager, the very
+    call the manager makes (so ``XDG_CONFIG_HOME`` and each platform's rules apply)."""
     env = os.environ if environ is None else environ
-    return Path(env[STATE_ENV]) if env.get(STATE_ENV) else Path(DEFAULT_STATE_PATH).expanduser()
+    if env.get(STATE_ENV):
+        return Path(env[STATE_ENV])
+    from platformdirs import user_config_path  # reads the process environment itself
+
+    return user_config_path(MANAGER_APP_NAME) / STATE_FILENAME
 
 
 @dataclass(frozen=True)
@@ -63,8 +71,10 @@ def read_state(path: Path, installed_ids: Sequence[str]) -> ManagerState:
         return ManagerState(
             path,
             enabled,
-            f"{path}: enabled Bundles are not installed: {missing}; the manager refuses "
-            "enable, disable and run until they are installed or removed from this file",
+            f"{path}: extensions.{missing[0]}.enabled = true: no installed distribution "
+            f"provides {missing[0]!r}, so the manager refuses enable, disable and run of every "
+            f"bundle (`enabled Bundles are not installed: {missing}`); remove the entry from "
+            "this file or install the bundle",
         )
     return ManagerState(path, enabled, None)
 
@@ -95,6 +105,14 @@ def launch_refusal(bundle: Bundle) -> str | None:
     return None
 
 
+def refused_launch(bundle: Bundle) -> str | None:
+    """:func:`launch_refusal` as the operator reads it: the manifest, then the manager's words."""
+    refusal = launch_refusal(bundle)
+    if refusal is None:
+        return None
+    return f"{bundle.manifest_path}: refusing to launch {bundle.extension_id!r}: {refusal}"
+
+
 def _general_plugins(bundle: Bundle) -> list[str]:
     return [
         entry_point["name"]
@@ -109,15 +127,16 @@ def activation_environment(
     """The variables a manager launch with ``bundles`` enabled sets on top of ``environ``.
 
     The union of the bundles' ``activation.environment`` (conflicting values are
-    an error), the enabled bundle ids, and always ``VLLM_PLUGINS``: the names
-    already in it, the manager's built-in ``ascend``, then the bundles' general
-    plugins. vLLM then loads only those general plugins.
+    an error; each replaces the caller's value), the enabled bundle ids (empty
+    when none is), and, while a bundle declares a ``vllm.general_plugins`` entry
+    point, ``VLLM_PLUGINS``: the names already in it, the manager's built-in
+    ``ascend``, then the bundles' general plugins. vLLM then loads only those.
     """
     env = os.environ if environ is None else environ
     for bundle in bundles:
-        refusal = launch_refusal(bundle)
+        refusal = refused_launch(bundle)
         if refusal:
-            raise BundleError(f"refusing to launch {bundle.extension_id!r}: {refusal}")
+            raise BundleError(refusal)
     injected: dict[str, str] = {}
     owners: dict[str, str] = {}
     for bundle in bundles:
@@ -131,14 +150,55 @@ def activation_environment(
             injected[name], owners[name] = value, bundle.extension_id
     allowed = [name.strip() for name in env.get(PLUGINS_ENV, "").split(",") if name.strip()]
     plugins = [plugin for bundle in bundles for plugin in _general_plugins(bundle)]
-    injected[PLUGINS_ENV] = ",".join(dict.fromkeys([*allowed, *MANAGER_BUILTIN_PLUGINS, *plugins]))
+    if plugins:
+        names = [*allowed, *MANAGER_BUILTIN_PLUGINS, *plugins]
+        injected[PLUGINS_ENV] = ",".join(dict.fromkeys(names))
     injected[ENABLED_BUNDLES_ENVS[0]] = ",".join(bundle.extension_id for bundle in bundles)
     return injected
 
 
-def describe_state(state: ManagerState, bundle_id: str) -> dict[str, Any]:
+def overridden_by_launch(
+    injected: Mapping[str, str], environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The caller's variables that a launch injecting ``injected`` replaces: name -> the
+    caller's value. The manager starts the command with its own environment updated by
+    what it injects, so a value set before ``vllm-hust-ext run`` never reaches the
+    command; one set after ``--`` (``vllm-hust-ext run -- env NAME=VALUE ...``) does."""
+    env = os.environ if environ is None else environ
     return {
-        "state_file": str(state.path),
-        "enabled": bundle_id in state.enabled,
-        "problem": state.problem,
+        name: env[name]
+        for name, value in injected.items()
+        if name not in (PLUGINS_ENV, *ENABLED_BUNDLES_ENVS) and env.get(name, value) != value
     }
+
+
+@dataclass(frozen=True)
+class LaunchPrediction:
+    """What ``vllm-hust-ext run`` would do for one bundle in the current state."""
+
+    enabled: bool
+    refusal: str | None  # one line naming the file, the field and the value
+    environment: dict[str, str] | None  # what the launch injects, when it would launch
+    refusal_once_enabled: str | None = None  # a bundle not enabled: why enabling it fails
+
+
+def predict_launch(
+    bundle: Bundle,
+    state: ManagerState,
+    installed_bundles: Sequence[Bundle],
+    environ: Mapping[str, str] | None = None,
+) -> LaunchPrediction:
+    """The manager's launch as the state file stands: refused (why), or what it injects;
+    ``enabled`` says whether ``bundle`` takes part in it."""
+    enabled = bundle.extension_id in state.enabled
+    if state.problem:
+        return LaunchPrediction(enabled, state.problem, None)
+    refusal = refused_launch(bundle)
+    if refusal and enabled:
+        return LaunchPrediction(enabled, refusal, None)
+    by_id = {item.extension_id: item for item in installed_bundles}
+    try:  # the launch with every enabled bundle, as the manager makes it
+        environment = activation_environment([by_id[i] for i in state.enabled], environ)
+    except BundleError as exc:
+        return LaunchPrediction(enabled, str(exc), None)
+    return LaunchPrediction(enabled, None, environment, refusal)

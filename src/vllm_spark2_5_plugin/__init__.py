@@ -33,7 +33,8 @@ def carrier_gate() -> CarrierGate:
 def _register_enabled(decision: GateDecision) -> Sequence[str]:
     from vllm_spark2_5_plugin._registration import register_enabled
 
-    return register_enabled(override=decision.override).load_line_details()
+    report = register_enabled(override=decision.override, settings=carrier_gate().settings_in())
+    return report.load_line_details()
 
 
 register = carrier_entry_point(

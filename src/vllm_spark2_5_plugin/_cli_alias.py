@@ -1,7 +1,8 @@
 """``spark2-5-bundle``: the bundle tool's name before 0.2.0, deprecated.
 
-Runs ``vllm-hust-bundle`` under the old name for one release, saying so once on
-stderr; it goes in the next minor release.
+Runs ``vllm-hust-bundle`` under the old name for one release, saying so on
+stderr: at the end of the error line when there is one, else on a line of its
+own. It goes in the next minor release.
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ OLD_NAME = "spark2-5-bundle"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    print(
-        f"{OLD_NAME}: deprecated, use {cli.PROG} (same commands); this name goes in the next "
-        "minor release",
-        file=sys.stderr,
+    notice = (
+        f"{OLD_NAME} is deprecated, use {cli.PROG} (same commands); this name goes in the "
+        "next minor release"
     )
-    return cli.main(argv, prog=OLD_NAME)
+    return cli.main(argv, prog=OLD_NAME, notice=notice)
 
 
 if __name__ == "__main__":

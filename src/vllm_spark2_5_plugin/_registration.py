@@ -11,7 +11,7 @@ process no import that vLLM would not make anyway.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from vllm_spark2_5_plugin import OVERRIDE_ENV, compat
@@ -32,6 +32,7 @@ class RegistrationReport:
     registered: list[str] = field(default_factory=list)
     stood_down: list[str] = field(default_factory=list)
     deferred: list[str] = field(default_factory=list)
+    copied_to_ray: list[str] = field(default_factory=list)
 
     def claim(self, item: str, host_has_it: bool) -> bool:
         """Whether to register ``item``: not where vLLM has it, unless overridden."""
@@ -50,6 +51,8 @@ class RegistrationReport:
             )
         if self.stood_down:
             details.append(f"stood_down={','.join(self.stood_down)} ({_stand_down_reason()})")
+        if self.copied_to_ray:
+            details.append(f"ray_actors_copy={','.join(self.copied_to_ray)}")
         return details
 
 
@@ -109,14 +112,17 @@ def _on_load(register: Callable[[RegistrationReport], None], override: bool) -> 
     return run
 
 
-def register_enabled(override: bool) -> RegistrationReport:
+def register_enabled(override: bool, settings: Sequence[str] = ()) -> RegistrationReport:
     """Register the config, architecture and tool parser, each when its registry loads.
 
     Stands down where vLLM has an implementation, unless ``override``. A failure
     while registering into an already loaded registry raises (the entry point
-    logs it); a later one is logged when it happens.
+    logs it); a later one is logged when it happens. ``settings`` (the carrier's
+    variables set here) go to every Ray actor vLLM starts from this process, so
+    the carrier is enabled, and configured, there too.
     """
     report = RegistrationReport(override)
+    report.copied_to_ray = compat.copy_to_ray_actors(settings)
     for registry, item, register in REGISTRATIONS:
         if compat.registry_loaded(registry):
             register(report)

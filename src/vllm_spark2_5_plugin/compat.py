@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -364,3 +365,36 @@ def check_lora_adapters(manager: Any, check: Callable[[Any], None]) -> bool:
 
     manager._add_adapter = checked_add_adapter
     return True
+
+
+# --- the environment of Ray actors ------------------------------------------------
+
+RAY_EXTRA_ENV_VARS = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"
+
+
+def copy_to_ray_actors(names: Iterable[str]) -> list[str]:
+    """Have vLLM copy ``names`` from this process into the Ray actors it starts; the
+    names added (none where this vLLM has no such list).
+
+    The V2 Ray executor (the default) copies the whole driver environment, filling
+    in only what a node lacks. The older Ray executor (``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``)
+    and the data-parallel engine-core actors copy vLLM's own variables, a few
+    prefixes and the names in ``VLLM_RAY_EXTRA_ENV_VARS_TO_COPY`` (0.23 to 0.32
+    alike): the names are appended to that list, after the operator's own. Done
+    when this process imports ``vllm.envs`` (right away where it has), which every
+    process that starts Ray actors does first; the list returned is filled then.
+    """
+    wanted = tuple(dict.fromkeys(names))
+    added: list[str] = []
+
+    def extend(envs: Any) -> None:
+        if RAY_EXTRA_ENV_VARS not in getattr(envs, "environment_variables", {}):
+            return
+        raw = os.environ.get(RAY_EXTRA_ENV_VARS, "")
+        listed = [name.strip() for name in raw.split(",") if name.strip()]
+        added.extend(name for name in wanted if name not in listed)
+        if added:
+            os.environ[RAY_EXTRA_ENV_VARS] = ",".join([*listed, *added])
+
+    deferred.after_import(("vllm.envs",), extend)
+    return added

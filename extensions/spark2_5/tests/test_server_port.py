@@ -104,3 +104,18 @@ def test_vllm_serve_binds_the_reserved_port(tiny_llama, tmp_path):
     # Stopped: nothing listens there any more (the closed connections' TIME_WAIT
     # still refuses a bind without SO_REUSEADDR, as for any server).
     assert _bind_error(server.port, reuse_address=True) is None
+
+
+def test_an_option_the_caller_sets_replaces_the_cpu_default(tmp_path):
+    """scripts/demo serves with fixture.SERVE_ARGS: each option reaches `vllm serve` once."""
+    from spark2_5_dev import fixture
+
+    server = VllmServer(tmp_path, fixture.SERVE_ARGS, log_path=tmp_path / "serve.log")
+    try:
+        options = [arg for arg in server.command if arg.startswith("--")]
+        assert len(options) == len(set(options)), server.command
+        limit = server.command[server.command.index("--max-model-len") + 1]
+        assert limit == fixture.SERVE_ARGS[fixture.SERVE_ARGS.index("--max-model-len") + 1]
+        assert "--enforce-eager" in server.command
+    finally:
+        server.stop()

@@ -26,6 +26,18 @@ CPU_SERVE_ENV = {
 CPU_SERVE_ARGS = ("--max-model-len", "512", "--enforce-eager")
 
 
+def serve_args(args: Sequence[str]) -> list[str]:
+    """``CPU_SERVE_ARGS`` and then ``args``, each option once: one that ``args`` sets
+    (``--max-model-len 1024``) replaces the default instead of following it."""
+    given = {arg.split("=", 1)[0] for arg in args if arg.startswith("--")}
+    defaults: list[str] = []
+    for index, arg in enumerate(CPU_SERVE_ARGS):
+        option = arg if arg.startswith("--") else CPU_SERVE_ARGS[index - 1]
+        if option not in given:
+            defaults.append(arg)
+    return [*defaults, *args]
+
+
 def reserve_port(host: str = "127.0.0.1") -> socket.socket:
     """A socket bound to a free port of ``host``, held to hand that port to ``vllm serve``.
 
@@ -68,7 +80,7 @@ class VllmServer:
         self.model = str(model)
         self._port_reservation = reserve_port()
         self.port: int = self._port_reservation.getsockname()[1]
-        self.args = [*CPU_SERVE_ARGS, *args]
+        self.args = serve_args(args)
         self.env = {**os.environ, **CPU_SERVE_ENV, **(env or {})}
         self.log_path = Path(log_path) if log_path else Path(f"vllm-serve-{self.port}.log")
         self.startup_timeout = startup_timeout

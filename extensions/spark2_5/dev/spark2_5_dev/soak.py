@@ -458,7 +458,7 @@ def hung_up_but_finished(record: dict[str, Any]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from carrier_harness.evidence import environment
-    from carrier_harness.server import CPU_SERVE_ARGS, VllmServer
+    from carrier_harness.server import VllmServer, serve_args
     from spark2_5_dev import fixture
     from spark2_5_dev.carrier import clean_env
 
@@ -474,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     record: dict[str, Any] = {
         "command": f"python -m {__spec__.name} --requests {args.requests}",
         "environment": environment(scope),
-        "server_args": [*CPU_SERVE_ARGS, *fixture.SERVE_ARGS],
+        "server_args": serve_args(fixture.SERVE_ARGS),
     }
     with VllmServer(fixture.build_fixture(), fixture.SERVE_ARGS, env=env, log_path=log) as server:
         record.update(asyncio.run(soak(server.base_url, server.process.pid, args.requests)))
