@@ -1,0 +1,89 @@
+"""In-place weight updates on real vLLM (CPU) against the plain-PyTorch reference.
+
+One subprocess (``spark2_5_dev.weight_updates``) serves checkpoint A of a tied
+(fused q/k/v) and an untied (split q/k/v) case, one engine each, and pushes B's
+or A's weights through ``reload_weights`` (path, iterator) and the
+weight-transfer lifecycle (per tensor, per bucket); each test asserts on its
+part of the JSON that run writes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from spark2_5_dev import weight_updates
+from spark2_5_dev.drivers import assert_matches_reference, run_driver
+from spark2_5_dev.parity import NEW_TOKENS
+
+CASES = [case.name for case in weight_updates.CASES]
+SERVING_STEPS = [
+    "a_first_load",
+    "b_reload_path",
+    "a_reload_iterator",
+    "b_per_tensor",
+    "a_per_bucket",
+    "a_after_wrong_shape",
+    "a_after_part_of_a_packed_parameter",
+    "a_after_outside_session",
+    "b_after_under_load",
+]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
+    workdir = tmp_path_factory.mktemp("weight-updates")
+    result = run_driver("spark2_5_dev.weight_updates", [], workdir, timeout=1500, name="updates")
+    return result, (workdir / "updates.log").read_text(errors="replace")
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("step", SERVING_STEPS)
+def test_after_each_update_the_engine_serves_exactly_the_pushed_weights(measured, case, step):
+    """Greedy tokens equal to the reference on those weights, log-probs within the
+    float32 tolerance; the step's name says which checkpoint (a or b) should serve."""
+    assert_matches_reference(measured[0]["cases"][case]["compared"][step])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_two_checkpoints_generate_differently(measured, case):
+    """Else serving the previous weights would pass the tests above."""
+    assert measured[0]["cases"][case]["a_and_b_differ"]
+
+
+def test_the_tied_head_is_still_the_embedding_after_a_reload(measured):
+    assert measured[0]["cases"]["tied-fused"]["b_head_still_tied"] is True
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_wrong_shape_push_is_refused_by_name(measured, case):
+    error = measured[0]["cases"][case]["wrong_shape_error"]
+    assert error.startswith("Spark2_5CheckpointError: Checkpoint tensor 'model.layers.0.mlp.")
+    assert "down_proj.weight' has shape [64, 127], but config.json implies [64, 128]" in error
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_push_outside_an_update_session_is_refused(measured, case):
+    error = measured[0]["cases"][case]["outside_session_error"]
+    assert error.startswith(
+        "Spark2_5CheckpointError: Spark2_5 weights were pushed with load_weights outside "
+        "vLLM's layerwise reload"
+    )
+    assert "reload_weights" in error and "model.layers.0.mlp.gate_proj.weight" in error
+
+
+def test_part_of_a_packed_parameter_is_held_back_and_named(measured):
+    """The layer keeps its previous weights whole (the step above serves A) and the
+    log names what arrived."""
+    log = measured[1]
+    assert "these packed parameters got only some of their parts" in log
+    assert "model.layers.0.mlp.gate_up_proj.weight (pushed only model.layers.0.mlp.gate_proj" in log
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_requests_in_flight_during_a_reload_finish(measured, case):
+    load = measured[0]["cases"][case]["under_load"]
+    assert load["in_flight_at_reload"] == weight_updates.REQUESTS_UNDER_LOAD
+    assert load["finished"] == weight_updates.REQUESTS_UNDER_LOAD
+    assert load["new_tokens"] == [NEW_TOKENS]
