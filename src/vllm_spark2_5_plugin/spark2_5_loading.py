@@ -59,6 +59,7 @@ STACKED_PARAMS = {
 }
 EMBEDDING = "model.embedding.weight"
 _WHOLE = "whole tensor"
+MISSING_NAMED = 8  # tensors a partial update's warning names before it counts the rest
 # vLLM's LoRA layers wrap the layer they adapt; its parameters keep their names under it.
 _LORA_WRAPPED = ".base_layer."
 
@@ -103,6 +104,13 @@ class CheckpointLedger:
 
     def check(self, name: str, tensor: torch.Tensor) -> None:
         """Refuse ``name`` unless it fits a parameter not yet filled; record it."""
+        if not isinstance(tensor, torch.Tensor):
+            raise Spark2_5CheckpointError(
+                f"Tensor {name!r} arrived as a {type(tensor).__name__}, not a torch.Tensor. "
+                "A weights_iterator sent with collective_rpc to an engine in another process "
+                "arrives as plain lists: reload from weights_path, or use a weight-transfer "
+                "engine, instead"
+            )
         if self.skip_prefixes and name.startswith(self.skip_prefixes):
             return
         target, shard_id = packed_target(name)
@@ -298,10 +306,13 @@ class WeightIntake:
             )
         missing = session.missing()
         if missing:
+            more = len(missing) - MISSING_NAMED
             logger.warning(
-                "Spark2_5 weight update finished without these tensors, which keep their "
-                "previous values: %s",
-                "; ".join(missing),
+                "Spark2_5 weight update finished without %d tensors, which keep their "
+                "previous values: %s%s",
+                len(missing),
+                "; ".join(missing[:MISSING_NAMED]),
+                f" and {more} more" if more > 0 else "",
             )
 
 
