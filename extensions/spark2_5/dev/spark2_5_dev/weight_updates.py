@@ -59,6 +59,17 @@ CASES = (
 )
 
 
+def engines_own_the_session() -> bool:
+    """Whether this vLLM's weight-transfer engines run the layerwise reload themselves
+    (``WeightTransferEngine.start_weight_update``: 0.32). Read, not run: in 0.23 the
+    worker runs it and engines hand a ``load_weights`` callback their tensors, an API
+    :class:`InMemoryWeightTransfer` does not implement, so the transfer steps are
+    skipped there."""
+    from vllm.distributed.weight_transfer.base import WeightTransferEngine
+
+    return hasattr(WeightTransferEngine, "start_weight_update")
+
+
 def register_in_memory_transfer() -> None:
     """Register :class:`InMemoryWeightTransfer` with vLLM's weight-transfer factory
     (once per process; the in-process engine's worker looks it up there)."""
@@ -161,9 +172,12 @@ class Served:
             temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=1, detokenize=False
         )
 
-    def generate(self) -> list[dict[str, list]]:
+    def generate(self, lora_request: Any = None) -> list[dict[str, list]]:
         outputs = self.llm.generate(
-            [{"prompt_token_ids": p} for p in self.batch], self.params, use_tqdm=False
+            [{"prompt_token_ids": p} for p in self.batch],
+            self.params,
+            lora_request=lora_request,
+            use_tqdm=False,
         )
         return [completion_record(output) for output in outputs]
 
@@ -200,6 +214,8 @@ def _steps(served: Served, a: Path, b: Path, tensors: dict[str, dict]) -> dict[s
     steps["b_head_still_tied"] = served.head_tied()
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(tensors["a"].items())})
     steps["a_reload_iterator"] = served.generate()
+    if not engines_own_the_session():
+        return {**steps, **_under_load(served, b)}
     push(llm, tensors["b"], per_tensor=True)
     steps["b_per_tensor"] = served.generate()
     push(llm, tensors["a"], per_tensor=False)
@@ -217,9 +233,11 @@ def _steps(served: Served, a: Path, b: Path, tensors: dict[str, dict]) -> dict[s
         lambda: llm.apply_model(lambda m: m.load_weights([(part, tensors["b"][part])]))
     )
     steps["a_after_outside_session"] = served.generate()
-    steps["under_load"] = served.under_load(b)
-    steps["b_after_under_load"] = served.generate()
-    return steps
+    return {**steps, **_under_load(served, b)}
+
+
+def _under_load(served: Served, b: Path) -> dict[str, Any]:
+    return {"under_load": served.under_load(b), "b_after_under_load": served.generate()}
 
 
 def run_case(case: UpdateCase, workdir: Path) -> dict[str, Any]:
@@ -245,7 +263,9 @@ def run_case(case: UpdateCase, workdir: Path) -> dict[str, Any]:
         max_model_len=MAX_MODEL_LEN,
         enforce_eager=True,
         seed=0,
-        weight_transfer_config={"backend": IN_MEMORY_BACKEND},
+        weight_transfer_config=(
+            {"backend": IN_MEMORY_BACKEND} if engines_own_the_session() else None
+        ),
     )
     steps = _steps(Served(llm, batch), paths["a"], paths["b"], tensors)
     del llm
@@ -265,6 +285,67 @@ def run_case(case: UpdateCase, workdir: Path) -> dict[str, Any]:
     }
 
 
+def run_lora_case(workdir: Path) -> dict[str, Any]:
+    """A LoRA engine on A with one adapter; B's base weights pushed by ``reload_weights``
+    and A's again per tensor. vLLM drops the loaded adapters after each update and
+    loads the adapter again, onto the new base, for the next request naming it."""
+    from vllm import LLM
+    from vllm.lora.request import LoRARequest
+
+    from spark2_5_dev import lora
+    from spark2_5_dev.checkpoints import build_spark2_5_checkpoint, read_config
+    from spark2_5_dev.reference import Spark2_5Reference, checkpoint_tensors
+
+    case = CASES[0]
+    root = workdir / "lora"
+    paths = {
+        label: build_spark2_5_checkpoint(root / label, seed=seed, qkv=case.qkv, **case.overrides)
+        for label, seed in zip("ab", case.seeds, strict=True)
+    }
+    config = read_config(paths["a"])
+    adapter = lora.random_adapter(config, root / "adapter", seed=11, rank=8)
+    batch = prompts(case.seeds[0], config["vocab_size"])
+    llm = LLM(
+        model=str(paths["a"]),
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        enforce_eager=True,
+        seed=0,
+        enable_lora=True,
+        max_loras=2,
+        max_lora_rank=8,
+        weight_transfer_config=(
+            {"backend": IN_MEMORY_BACKEND} if engines_own_the_session() else None
+        ),
+    )
+    served = Served(llm, batch)
+    request = LoRARequest("adapter", 1, str(adapter))
+    steps = {"a_with_adapter": served.generate(request)}
+    llm.collective_rpc("reload_weights", kwargs={"weights_path": str(paths["b"])})
+    steps["b_with_adapter"] = served.generate(request)
+    steps["b_base"] = served.generate()
+    if engines_own_the_session():
+        push(llm, checkpoint_tensors(paths["a"]), per_tensor=True)
+        steps["a_with_adapter_after_per_tensor"] = served.generate(request)
+    del llm
+    gc.collect()
+    references = {
+        **{label: Spark2_5Reference.from_pretrained(p) for label, p in paths.items()},
+        **{
+            f"{label}_with_adapter": Spark2_5Reference.from_pretrained(
+                lora.merge_adapter(p, adapter, root / f"{label}-merged")
+            )
+            for label, p in paths.items()
+        },
+    }
+    return {
+        step: _compare_fp32(
+            references[step[0] + ("_with_adapter" if "adapter" in step else "")], batch, out
+        )
+        for step, out in steps.items()
+    }
+
+
 def run_all(workdir: str | Path, cases: tuple[UpdateCase, ...] = CASES) -> dict[str, Any]:
     for name, value in ENGINE_ENV.items():
         os.environ.setdefault(name, value)
@@ -272,10 +353,13 @@ def run_all(workdir: str | Path, cases: tuple[UpdateCase, ...] = CASES) -> dict[
     import vllm
 
     torch.set_num_threads(1)
-    register_in_memory_transfer()
+    if engines_own_the_session():
+        register_in_memory_transfer()
     return {
         "vllm": vllm.__version__,
+        "transfer_steps": engines_own_the_session(),
         "cases": {case.name: run_case(case, Path(workdir)) for case in cases},
+        "lora": run_lora_case(Path(workdir)),
     }
 
 

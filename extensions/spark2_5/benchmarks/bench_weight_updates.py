@@ -1,0 +1,135 @@
+"""In-place weight update time per GB: the Spark2_5 carrier against in-tree Llama.
+
+Two random float32 checkpoints per model (A and B, same dimensions: the
+project's small Spark-like dims, untied head; Llama gets the same hidden size,
+layers, heads, KV heads, head_dim, intermediate size and vocab). Each model is
+served by one offline ``vllm.LLM`` in its own fresh process (the engine in
+that process, so tensors can be handed over in memory), which then pushes
+B, A, B, ... through each update path and times each push:
+
+* ``reload_weights`` from a path (``collective_rpc``; reads the safetensors);
+* ``reload_weights`` from an in-memory iterator;
+* the weight-transfer lifecycle with one ``load_weights`` call per tensor
+  (``spark2_5_dev.weight_updates.InMemoryWeightTransfer``: the NCCL engine's
+  worker side without the network).
+
+Figures are seconds per GB of checkpoint (float32 bytes), medians over
+``--rounds`` pushes per path, and the Spark2_5 / Llama ratio of the medians.
+
+    python extensions/spark2_5/benchmarks/bench_weight_updates.py \
+        [--quick] [--rounds N] [--out PATH.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from common import CPU_ENGINE_ENV, SMALL_SPARK_DIMS, Record, base_parser, spread, table
+
+MODELS = ("spark2_5", "llama")
+PATHS = ("reload from path", "reload from iterator", "transfer per tensor")
+IN_PROCESS_ENV = {"SPARK2_5_PLUGIN_ENABLE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+def build_checkpoints(model: str, root: Path) -> dict[str, Path]:
+    from spark2_5_dev.checkpoints import build_llama_checkpoint, build_spark2_5_checkpoint
+
+    dims = dict(SMALL_SPARK_DIMS)
+    if model == "spark2_5":
+        return {
+            label: build_spark2_5_checkpoint(
+                root / label, seed=seed, tie_word_embeddings=False, **dims
+            )
+            for label, seed in (("a", 1), ("b", 2))
+        }
+    return {
+        label: build_llama_checkpoint(root / label, seed=seed, **dims)
+        for label, seed in (("a", 1), ("b", 2))
+    }
+
+
+def _timed(call: Any) -> float:
+    start = time.perf_counter()
+    call()
+    return time.perf_counter() - start
+
+
+def measure(model: str, rounds: int) -> dict[str, Any]:
+    """In this process: serve ``model``'s A, then time ``rounds`` pushes per path."""
+    from vllm import LLM
+
+    from spark2_5_dev.reference import checkpoint_tensors
+    from spark2_5_dev.weight_updates import IN_MEMORY_BACKEND, push, register_in_memory_transfer
+
+    register_in_memory_transfer()
+    with tempfile.TemporaryDirectory() as folder:
+        paths = build_checkpoints(model, Path(folder))
+        tensors = {label: checkpoint_tensors(path) for label, path in paths.items()}
+        gigabytes = sum(t.numel() * t.element_size() for t in tensors["a"].values()) / 1e9
+        llm = LLM(
+            model=str(paths["a"]),
+            dtype="float32",
+            max_model_len=256,
+            enforce_eager=True,
+            weight_transfer_config={"backend": IN_MEMORY_BACKEND},
+        )
+        pushes = {
+            "reload from path": lambda label: llm.collective_rpc(
+                "reload_weights", kwargs={"weights_path": str(paths[label])}
+            ),
+            "reload from iterator": lambda label: llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": list(tensors[label].items())}
+            ),
+            "transfer per tensor": lambda label: push(llm, tensors[label], per_tensor=True),
+        }
+        seconds = {
+            path: [_timed(lambda p=p, i=i: p("ab"[(i + 1) % 2])) for i in range(rounds)]
+            for path, p in pushes.items()
+        }
+    return {"gigabytes": gigabytes, "seconds": seconds}
+
+
+def run_child(model: str, rounds: int) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", model, "--rounds", str(rounds)]
+    env = {**os.environ, **CPU_ENGINE_ENV, **IN_PROCESS_ENV}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{model} run failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=None, help="pushes per path and model")
+    parser.add_argument("--child", choices=MODELS, help=argparse.SUPPRESS)  # one model's run
+    args = parser.parse_args()
+    rounds = args.rounds or (3 if args.quick else 6)
+    if args.child:
+        print(json.dumps(measure(args.child, rounds)))
+        return
+    record = Record("weight_updates", {"rounds": rounds, "dims": SMALL_SPARK_DIMS})
+    measured = {model: run_child(model, rounds) for model in MODELS}
+    rows = []
+    for path in PATHS:
+        per_gb = {
+            model: spread([s / run["gigabytes"] for s in run["seconds"][path]])
+            for model, run in measured.items()
+        }
+        ratio = per_gb["spark2_5"]["median"] / per_gb["llama"]["median"]
+        record.data["results"][path] = {**per_gb, "ratio_spark2_5_to_llama": ratio}
+        rows.append((path, per_gb["spark2_5"]["median"], per_gb["llama"]["median"], ratio))
+    record.data["results"]["gigabytes"] = {m: measured[m]["gigabytes"] for m in MODELS}
+    print(table(("update path", "Spark2_5 s/GB", "Llama s/GB", "ratio"), rows))
+    record.finish(args.out)
+
+
+if __name__ == "__main__":
+    main()
