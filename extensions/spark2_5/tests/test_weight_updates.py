@@ -9,11 +9,20 @@ part of the JSON that run writes.
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from spark2_5_dev import weight_updates
+from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
 from spark2_5_dev.drivers import assert_matches_reference, run_driver
-from spark2_5_dev.parity import NEW_TOKENS
+from spark2_5_dev.parity import ENGINE_ENV, NEW_TOKENS
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "rl-weight-updates.md"
 
 CASES = [case.name for case in weight_updates.CASES]
 RELOAD_STEPS = ["a_first_load", "b_reload_path", "a_reload_iterator", "b_after_under_load"]
@@ -107,3 +116,29 @@ def test_a_lora_engine_serves_its_adapter_on_the_updated_base(measured, step):
     if step == LORA_STEPS[-1]:
         transfer_steps(measured)
     assert_matches_reference(measured[0]["lora"][step])
+
+
+def test_the_documented_trainer_loop_changes_the_output(tmp_path):
+    """The doc's example as a user runs it: its own engine process (vLLM's default),
+    three pushes, each changing the greedy continuation."""
+    example = re.search(r"```python\n(.*?)```", DOC.read_text(), re.DOTALL)
+    assert example, DOC
+    script = tmp_path / "rl_loop.py"
+    script.write_text(example.group(1))
+    checkpoint = build_spark2_5_checkpoint(tmp_path / "model", seed=8)
+    env = {**os.environ, **ENGINE_ENV}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+    done = subprocess.run(
+        [sys.executable, str(script), str(checkpoint)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    assert done.returncode == 0, done.stderr[-6000:]
+    steps = [line for line in done.stdout.splitlines() if line.startswith("step ")]
+    outputs = [line.split(":", 1)[1] for line in steps]
+    assert len(outputs) == 4, done.stdout
+    assert len(set(outputs)) == 4, outputs
