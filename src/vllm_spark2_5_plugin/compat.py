@@ -243,7 +243,8 @@ def quantized_checkpoint_names(
 # vLLM's ``initialize_layerwise_reload`` and ``finalize_layerwise_reload`` each set
 # this attribute of the model first thing (to park torchao's own reload while
 # vLLM's runs); a property of that name tells the model that an update starts
-# and that vLLM is about to finish it.
+# and that vLLM is about to finish it. The same in 0.32 (run) and 0.23 (read in
+# its source); the layerwise reload itself is in every release of the range.
 LAYERWISE_RELOAD_ATTRIBUTE = "_do_torchao_reload"
 
 
@@ -252,13 +253,6 @@ def _layerwise_reload_module() -> Any | None:
         return importlib.import_module("vllm.model_executor.model_loader.reload.layerwise")
     except ImportError:
         return None
-
-
-def layerwise_reload_supported() -> bool:
-    """Whether this vLLM reloads weights in place layer by layer (``reload_weights``
-    and the weight-transfer engines run ``load_weights`` inside such a session)."""
-    module = _layerwise_reload_module()
-    return module is not None and hasattr(module, "LAYERWISE_INFO")
 
 
 def finalize_layerwise_reload(model: Any, model_config: Any) -> None:

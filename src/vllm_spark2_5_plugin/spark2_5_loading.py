@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
 from typing import Any
 
 import torch
@@ -59,7 +60,7 @@ STACKED_PARAMS = {
 }
 EMBEDDING = "model.embedding.weight"
 _WHOLE = "whole tensor"
-MISSING_NAMED = 8  # tensors a partial update's warning names before it counts the rest
+NAMED = 8  # how many tensors an error or warning about a push names
 # vLLM's LoRA layers wrap the layer they adapt; its parameters keep their names under it.
 _LORA_WRAPPED = ".base_layer."
 
@@ -239,7 +240,7 @@ class WeightIntake:
         """One ``load_weights`` call of an update session."""
         listed = isinstance(weights, (list, tuple))
         if not compat.in_layerwise_reload(self.model):
-            names = [name for name, _ in weights][:5] if listed else []
+            names = [name for name, _ in islice(weights, NAMED)]
             raise Spark2_5CheckpointError(OUTSIDE_SESSION.format(names=", ".join(names)))
         if self.session is None:
             self.session_started()
@@ -306,12 +307,12 @@ class WeightIntake:
             )
         missing = session.missing()
         if missing:
-            more = len(missing) - MISSING_NAMED
+            more = len(missing) - NAMED
             logger.warning(
                 "Spark2_5 weight update finished without %d tensors, which keep their "
                 "previous values: %s%s",
                 len(missing),
-                "; ".join(missing[:MISSING_NAMED]),
+                "; ".join(missing[:NAMED]),
                 f" and {more} more" if more > 0 else "",
             )
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from spark2_5_dev import weight_updates
+from spark2_5_dev import quantize, weight_updates
 from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
 from spark2_5_dev.drivers import assert_matches_reference, run_driver
 from spark2_5_dev.parity import ENGINE_ENV, NEW_TOKENS
@@ -116,6 +116,14 @@ def test_a_lora_engine_serves_its_adapter_on_the_updated_base(measured, step):
     if step == LORA_STEPS[-1]:
         transfer_steps(measured)
     assert_matches_reference(measured[0]["lora"][step])
+
+
+@pytest.mark.parametrize("fmt", quantize.FORMATS)
+def test_a_quantized_checkpoint_reloads_to_what_a_fresh_engine_serves(measured, fmt):
+    """Tokens and log-probs identical, in both directions; the two checkpoints differ."""
+    result = measured[0]["quantized"][fmt]
+    assert result["a_and_b_differ"]
+    assert result["reloaded_equals_fresh"] == {"a": True, "b": True}
 
 
 def test_the_documented_trainer_loop_changes_the_output(tmp_path):

@@ -13,7 +13,10 @@ reference on the weights that should now serve:
   :class:`InMemoryWeightTransfer`, an engine registered with vLLM's factory that
   hands the trainer's tensors to ``load_weights`` the same way;
 * a wrong-shape push, a push of only part of a packed parameter, a push outside
-  any update, and a reload while requests are being generated.
+  any update, and a reload while requests are being generated;
+* on a LoRA engine, the adapter on the updated base (:func:`run_lora_case`), and
+  ``reload_weights`` of quantized checkpoints against a fresh engine on them
+  (:func:`run_quantized`).
 """
 
 from __future__ import annotations
@@ -240,33 +243,42 @@ def _under_load(served: Served, b: Path) -> dict[str, Any]:
     return {"under_load": served.under_load(b), "b_after_under_load": served.generate()}
 
 
-def run_case(case: UpdateCase, workdir: Path) -> dict[str, Any]:
-    """Build ``case``'s checkpoints A and B, run :func:`_steps` on one engine, and
-    compare each step with the reference on the weights that should serve."""
-    from vllm import LLM
-
+def _checkpoint_pair(case: UpdateCase, root: Path) -> dict[str, Path]:
+    """``case``'s checkpoints A and B under ``root``."""
     from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
-    from spark2_5_dev.reference import Spark2_5Reference, checkpoint_tensors
 
-    paths = {
-        label: build_spark2_5_checkpoint(
-            workdir / case.name / label, seed=seed, qkv=case.qkv, **case.overrides
-        )
+    return {
+        label: build_spark2_5_checkpoint(root / label, seed=seed, qkv=case.qkv, **case.overrides)
         for label, seed in zip("ab", case.seeds, strict=True)
     }
-    tensors = {label: checkpoint_tensors(path) for label, path in paths.items()}
-    config = json.loads((paths["a"] / "config.json").read_text())
-    batch = prompts(case.seeds[0], config["vocab_size"])
-    llm = LLM(
-        model=str(paths["a"]),
-        dtype="float32",
+
+
+def _engine(path: Path, dtype: str = "float32", **settings: Any) -> Any:
+    """An offline engine on ``path``, with the in-memory weight transfer where it runs."""
+    from vllm import LLM
+
+    if engines_own_the_session():
+        settings["weight_transfer_config"] = {"backend": IN_MEMORY_BACKEND}
+    return LLM(
+        model=str(path),
+        dtype=dtype,
         max_model_len=MAX_MODEL_LEN,
         enforce_eager=True,
         seed=0,
-        weight_transfer_config=(
-            {"backend": IN_MEMORY_BACKEND} if engines_own_the_session() else None
-        ),
+        **settings,
     )
+
+
+def run_case(case: UpdateCase, workdir: Path) -> dict[str, Any]:
+    """Build ``case``'s checkpoints A and B, run :func:`_steps` on one engine, and
+    compare each step with the reference on the weights that should serve."""
+    from spark2_5_dev.reference import Spark2_5Reference, checkpoint_tensors
+
+    paths = _checkpoint_pair(case, workdir / case.name)
+    tensors = {label: checkpoint_tensors(path) for label, path in paths.items()}
+    config = json.loads((paths["a"] / "config.json").read_text())
+    batch = prompts(case.seeds[0], config["vocab_size"])
+    llm = _engine(paths["a"])
     steps = _steps(Served(llm, batch), paths["a"], paths["b"], tensors)
     del llm
     gc.collect()
@@ -289,35 +301,19 @@ def run_lora_case(workdir: Path) -> dict[str, Any]:
     """A LoRA engine on A with one adapter; B's base weights pushed by ``reload_weights``
     and A's again per tensor. vLLM drops the loaded adapters after each update and
     loads the adapter again, onto the new base, for the next request naming it."""
-    from vllm import LLM
     from vllm.lora.request import LoRARequest
 
     from spark2_5_dev import lora
-    from spark2_5_dev.checkpoints import build_spark2_5_checkpoint, read_config
+    from spark2_5_dev.checkpoints import read_config
     from spark2_5_dev.reference import Spark2_5Reference, checkpoint_tensors
 
     case = CASES[0]
     root = workdir / "lora"
-    paths = {
-        label: build_spark2_5_checkpoint(root / label, seed=seed, qkv=case.qkv, **case.overrides)
-        for label, seed in zip("ab", case.seeds, strict=True)
-    }
+    paths = _checkpoint_pair(case, root)
     config = read_config(paths["a"])
     adapter = lora.random_adapter(config, root / "adapter", seed=11, rank=8)
     batch = prompts(case.seeds[0], config["vocab_size"])
-    llm = LLM(
-        model=str(paths["a"]),
-        dtype="float32",
-        max_model_len=MAX_MODEL_LEN,
-        enforce_eager=True,
-        seed=0,
-        enable_lora=True,
-        max_loras=2,
-        max_lora_rank=8,
-        weight_transfer_config=(
-            {"backend": IN_MEMORY_BACKEND} if engines_own_the_session() else None
-        ),
-    )
+    llm = _engine(paths["a"], enable_lora=True, max_loras=2, max_lora_rank=8)
     served = Served(llm, batch)
     request = LoRARequest("adapter", 1, str(adapter))
     steps = {"a_with_adapter": served.generate(request)}
@@ -327,7 +323,7 @@ def run_lora_case(workdir: Path) -> dict[str, Any]:
     if engines_own_the_session():
         push(llm, checkpoint_tensors(paths["a"]), per_tensor=True)
         steps["a_with_adapter_after_per_tensor"] = served.generate(request)
-    del llm
+    del llm, served
     gc.collect()
     references = {
         **{label: Spark2_5Reference.from_pretrained(p) for label, p in paths.items()},
@@ -346,6 +342,42 @@ def run_lora_case(workdir: Path) -> dict[str, Any]:
     }
 
 
+def run_quantized(workdir: Path) -> dict[str, Any]:
+    """For each quantized format: one engine per checkpoint (bfloat16), then a reload
+    to the other one, against the fresh engine on that other checkpoint."""
+    from spark2_5_dev import quantize
+    from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
+    from spark2_5_dev.fixture import FIXTURE_CONFIG_OVERRIDES
+
+    results = {}
+    for fmt in quantize.FORMATS:
+        paths = {
+            label: quantize.quantize_checkpoint(
+                build_spark2_5_checkpoint(
+                    workdir / fmt / f"float-{label}", seed=seed, **FIXTURE_CONFIG_OVERRIDES
+                ),
+                workdir / fmt / label,
+                fmt,
+            )
+            for label, seed in (("a", 3), ("b", 4))
+        }
+        batch = prompts(3, json.loads((paths["a"] / "config.json").read_text())["vocab_size"])
+        fresh, reloaded = {}, {}
+        for first, then in ("ab", "ba"):
+            llm = _engine(paths[first], dtype="bfloat16")
+            served = Served(llm, batch)
+            fresh[first] = served.generate()
+            llm.collective_rpc("reload_weights", kwargs={"weights_path": str(paths[then])})
+            reloaded[then] = served.generate()
+            del llm, served
+            gc.collect()
+        results[fmt] = {
+            "a_and_b_differ": fresh["a"] != fresh["b"],
+            "reloaded_equals_fresh": {label: reloaded[label] == fresh[label] for label in "ab"},
+        }
+    return results
+
+
 def run_all(workdir: str | Path, cases: tuple[UpdateCase, ...] = CASES) -> dict[str, Any]:
     for name, value in ENGINE_ENV.items():
         os.environ.setdefault(name, value)
@@ -360,6 +392,7 @@ def run_all(workdir: str | Path, cases: tuple[UpdateCase, ...] = CASES) -> dict[
         "transfer_steps": engines_own_the_session(),
         "cases": {case.name: run_case(case, Path(workdir)) for case in cases},
         "lora": run_lora_case(Path(workdir)),
+        "quantized": run_quantized(Path(workdir)),
     }
 
 
