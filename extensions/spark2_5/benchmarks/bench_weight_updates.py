@@ -15,6 +15,8 @@ B, A, B, ... through each update path and times each push:
 
 Figures are seconds per GB of checkpoint (float32 bytes), medians over
 ``--rounds`` pushes per path, and the Spark2_5 / Llama ratio of the medians.
+After each path's last push (B's weights) the engine generates greedily once:
+the run records whether all paths left the same output, i.e. really loaded.
 
     python extensions/spark2_5/benchmarks/bench_weight_updates.py \
         [--quick] [--rounds N] [--out PATH.json]
@@ -64,7 +66,7 @@ def _timed(call: Any) -> float:
 
 def measure(model: str, rounds: int) -> dict[str, Any]:
     """In this process: serve ``model``'s A, then time ``rounds`` pushes per path."""
-    from vllm import LLM
+    from vllm import LLM, SamplingParams
 
     from spark2_5_dev.reference import checkpoint_tensors
     from spark2_5_dev.weight_updates import IN_MEMORY_BACKEND, push, register_in_memory_transfer
@@ -90,11 +92,21 @@ def measure(model: str, rounds: int) -> dict[str, Any]:
             ),
             "transfer per tensor": lambda label: push(llm, tensors[label], per_tensor=True),
         }
-        seconds = {
-            path: [_timed(lambda p=p, i=i: p("ab"[(i + 1) % 2])) for i in range(rounds)]
-            for path, p in pushes.items()
-        }
-    return {"gigabytes": gigabytes, "seconds": seconds}
+        greedy = SamplingParams(temperature=0.0, max_tokens=16, detokenize=False)
+        seconds, served = {}, {}
+        for path, push_path in pushes.items():
+            # B, A, B, ...: every push changes the weights; the last one leaves B.
+            labels = ["ab"[(i + 1) % 2] for i in range(rounds)]
+            seconds[path] = [_timed(lambda p=push_path, x=x: p(x)) for x in labels]
+            served[path] = (labels[-1], _greedy(llm, greedy))
+    # Each path must leave the engine generating what the others do on the same weights.
+    consistent = all(served[path] == served[PATHS[0]] for path in PATHS)
+    return {"gigabytes": gigabytes, "seconds": seconds, "outputs_agree": consistent}
+
+
+def _greedy(llm: Any, params: Any) -> list[int]:
+    output = llm.generate([{"prompt_token_ids": list(range(3, 35))}], params, use_tqdm=False)
+    return list(output[0].outputs[0].token_ids)
 
 
 def run_child(model: str, rounds: int) -> dict[str, Any]:
@@ -127,7 +139,10 @@ def main() -> None:
         record.data["results"][path] = {**per_gb, "ratio_spark2_5_to_llama": ratio}
         rows.append((path, per_gb["spark2_5"]["median"], per_gb["llama"]["median"], ratio))
     record.data["results"]["gigabytes"] = {m: measured[m]["gigabytes"] for m in MODELS}
+    record.data["results"]["outputs_agree"] = {m: measured[m]["outputs_agree"] for m in MODELS}
     print(table(("update path", "Spark2_5 s/GB", "Llama s/GB", "ratio"), rows))
+    agree = record.data["results"]["outputs_agree"]
+    print(f"every path leaves the same greedy output (per model): {agree}")
     record.finish(args.out)
 
 
