@@ -54,11 +54,7 @@ from vllm_spark2_5_plugin.spark2_5_checkpoint import (
     naming_damaged_files,
 )
 from vllm_spark2_5_plugin.spark2_5_config import SLIDING_ATTENTION, Spark2_5Config
-from vllm_spark2_5_plugin.spark2_5_loading import (
-    STACKED_PARAMS,
-    WeightIntake,
-    watch_update_sessions,
-)
+from vllm_spark2_5_plugin.spark2_5_loading import WeightIntake, watch_update_sessions
 
 Attention = compat.attention_cls()
 
@@ -333,9 +329,6 @@ class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         self.checkpoint_folder = partial(
             checkpoint_folder, model_config.model, model_config.revision, load_config.download_dir
         )
-        # A tied checkpoint may still carry lm_head.weight; the head is the
-        # embedding, so that copy is dropped rather than written over it.
-        skip_prefixes = ("lm_head.",) if config.tie_word_embeddings else ()
         self.weight_intake = WeightIntake(
             self,
             TensorChecks(
@@ -344,9 +337,6 @@ class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
                 check_finite=finite_check_requested(),
             ),
             prepare=self._checkpoint_tensors,
-            load=partial(
-                compat.load_weights, self, stacked=STACKED_PARAMS, skip_prefixes=skip_prefixes
-            ),
             model_config=model_config,
         )
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from itertools import islice
 from typing import Any
 
@@ -200,8 +201,8 @@ class WeightIntake:
     """The weights one model takes: its first load, then every update session.
 
     ``prepare`` renames and wraps checkpoint tensors as vLLM reads them (quantized
-    names, damaged files named); ``load`` loads them through vLLM's loaders;
-    ``model_config`` is what vLLM finishes a session with.
+    names, damaged files named); ``model_config`` is what vLLM finishes a session
+    with.
     """
 
     def __init__(
@@ -209,15 +210,18 @@ class WeightIntake:
         model: nn.Module,
         checks: TensorChecks,
         prepare: Callable[[Weights], Weights],
-        load: Callable[[Weights], set[str]],
         model_config: Any,
     ) -> None:
         self.model = model
         self.checks = checks
         self.prepare = prepare
-        self.load = load
         self.model_config = model_config
+        # A tied checkpoint may still carry lm_head.weight; the head is the
+        # embedding, so that copy is dropped rather than written over it.
         self.skip_prefixes = ("lm_head.",) if model.config.tie_word_embeddings else ()
+        self.load: Callable[[Weights], set[str]] = partial(
+            compat.load_weights, model, stacked=STACKED_PARAMS, skip_prefixes=self.skip_prefixes
+        )
         self.first_load_done = False
         self.session: CheckpointLedger | None = None
         # Packed parameter -> its parts pushed so far in this session, held back.

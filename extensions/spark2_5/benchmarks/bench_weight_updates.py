@@ -3,9 +3,10 @@
 Two random float32 checkpoints per model (A and B, same dimensions: the
 project's small Spark-like dims, untied head; Llama gets the same hidden size,
 layers, heads, KV heads, head_dim, intermediate size and vocab). Each model is
-served by one offline ``vllm.LLM`` in its own fresh process (the engine in
-that process, so tensors can be handed over in memory), which then pushes
-B, A, B, ... through each update path and times each push:
+served by an offline ``vllm.LLM`` in a fresh process (the engine in that
+process, so tensors can be handed over in memory; ``--processes`` of them per
+model, the two models alternating), which pushes B, A, B, ... through each
+update path and times each push, by wall clock and by the process's CPU time:
 
 * ``reload_weights`` from a path (``collective_rpc``; reads the safetensors);
 * ``reload_weights`` from an in-memory iterator;
@@ -13,13 +14,13 @@ B, A, B, ... through each update path and times each push:
   (``spark2_5_dev.weight_updates.InMemoryWeightTransfer``: the NCCL engine's
   worker side without the network).
 
-Figures are seconds per GB of checkpoint (float32 bytes), medians over
-``--rounds`` pushes per path, and the Spark2_5 / Llama ratio of the medians.
+Figures are seconds per GB of checkpoint (float32 bytes), medians over every
+push of a path, and the Spark2_5 / Llama ratio of the medians.
 After each path's last push (B's weights) the engine generates greedily once:
 the run records whether all paths left the same output, i.e. really loaded.
 
     python extensions/spark2_5/benchmarks/bench_weight_updates.py \
-        [--quick] [--rounds N] [--out PATH.json]
+        [--quick] [--rounds N] [--processes N] [--out PATH.json]
 """
 
 from __future__ import annotations
@@ -58,10 +59,11 @@ def build_checkpoints(model: str, root: Path) -> dict[str, Path]:
     }
 
 
-def _timed(call: Any) -> float:
-    start = time.perf_counter()
+def _timed(call: Any) -> tuple[float, float]:
+    """Wall-clock and CPU seconds (this process: the engine runs in it) of ``call()``."""
+    wall, cpu = time.perf_counter(), time.process_time()
     call()
-    return time.perf_counter() - start
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def measure(model: str, rounds: int) -> dict[str, Any]:
@@ -97,7 +99,7 @@ def measure(model: str, rounds: int) -> dict[str, Any]:
         for path, push_path in pushes.items():
             # B, A, B, ...: every push changes the weights; the last one leaves B.
             labels = ["ab"[(i + 1) % 2] for i in range(rounds)]
-            seconds[path] = [_timed(lambda p=push_path, x=x: p(x)) for x in labels]
+            seconds[path] = [_timed(lambda p=push_path, x=x: p(x)) for x in labels]  # (wall, cpu)
             served[path] = (labels[-1], _greedy(llm, greedy))
     # Each path must leave the engine generating what the others do on the same weights.
     consistent = all(served[path] == served[PATHS[0]] for path in PATHS)
@@ -110,6 +112,7 @@ def _greedy(llm: Any, params: Any) -> list[int]:
 
 
 def run_child(model: str, rounds: int) -> dict[str, Any]:
+    """One fresh engine process for ``model``: its gigabytes and timed pushes."""
     command = [sys.executable, __file__, "--child", model, "--rounds", str(rounds)]
     env = {**os.environ, **CPU_ENGINE_ENV, **IN_PROCESS_ENV}
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -120,27 +123,48 @@ def run_child(model: str, rounds: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=None, help="pushes per path and model")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="pushes per path in each engine process"
+    )
+    parser.add_argument("--processes", type=int, default=3, help="fresh engine processes per model")
     parser.add_argument("--child", choices=MODELS, help=argparse.SUPPRESS)  # one model's run
     args = parser.parse_args()
-    rounds = args.rounds or (3 if args.quick else 6)
+    rounds = args.rounds or (2 if args.quick else 4)
     if args.child:
         print(json.dumps(measure(args.child, rounds)))
         return
-    record = Record("weight_updates", {"rounds": rounds, "dims": SMALL_SPARK_DIMS})
-    measured = {model: run_child(model, rounds) for model in MODELS}
+    settings = {"rounds": rounds, "processes": args.processes, "dims": SMALL_SPARK_DIMS}
+    record = Record("weight_updates", settings)
+    # Fresh processes in alternating order, so that a busy spell hits both models.
+    runs: dict[str, list[dict[str, Any]]] = {model: [] for model in MODELS}
+    for index in range(args.processes):
+        for model in MODELS[:: 1 if index % 2 == 0 else -1]:
+            runs[model].append(run_child(model, rounds))
     rows = []
     for path in PATHS:
-        per_gb = {
-            model: spread([s / run["gigabytes"] for s in run["seconds"][path]])
-            for model, run in measured.items()
-        }
-        ratio = per_gb["spark2_5"]["median"] / per_gb["llama"]["median"]
-        record.data["results"][path] = {**per_gb, "ratio_spark2_5_to_llama": ratio}
-        rows.append((path, per_gb["spark2_5"]["median"], per_gb["llama"]["median"], ratio))
-    record.data["results"]["gigabytes"] = {m: measured[m]["gigabytes"] for m in MODELS}
-    record.data["results"]["outputs_agree"] = {m: measured[m]["outputs_agree"] for m in MODELS}
-    print(table(("update path", "Spark2_5 s/GB", "Llama s/GB", "ratio"), rows))
+        result: dict[str, Any] = {}
+        for clock, column in (("wall", 0), ("cpu", 1)):
+            per_gb = {
+                model: spread(
+                    [
+                        timing[column] / run["gigabytes"]
+                        for run in model_runs
+                        for timing in run["seconds"][path]
+                    ]
+                )
+                for model, model_runs in runs.items()
+            }
+            ratio = per_gb["spark2_5"]["median"] / per_gb["llama"]["median"]
+            result[clock] = {**per_gb, "ratio_spark2_5_to_llama": ratio}
+            rows.append(
+                (path, clock, per_gb["spark2_5"]["median"], per_gb["llama"]["median"], ratio)
+            )
+        record.data["results"][path] = result
+    record.data["results"]["gigabytes"] = {m: runs[m][0]["gigabytes"] for m in MODELS}
+    record.data["results"]["outputs_agree"] = {
+        m: all(run["outputs_agree"] for run in runs[m]) for m in MODELS
+    }
+    print(table(("update path", "clock", "Spark2_5 s/GB", "Llama s/GB", "ratio"), rows))
     agree = record.data["results"]["outputs_agree"]
     print(f"every path leaves the same greedy output (per model): {agree}")
     record.finish(args.out)
