@@ -290,6 +290,7 @@ class Spark2_5Model(nn.Module):
         return hidden_states
 
 
+@watch_update_sessions
 class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
     # Packed vLLM module -> the modules a PEFT adapter of the released model
     # targets. That model's attention has one fused q_k_v_proj, so adapters
@@ -367,6 +368,3 @@ class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         # Tensors the quantization method does not load (GPTQ's g_idx) never reach
         # the ledger.
         return compat.quantized_checkpoint_names(self.quant_config, weights)
-
-
-watch_update_sessions(Spark2_5ForCausalLM)

@@ -37,7 +37,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from itertools import islice
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -68,6 +68,7 @@ _LORA_WRAPPED = ".base_layer."
 logger = logging.getLogger("vllm.spark2_5_plugin")
 
 Weights = Iterable[tuple[str, torch.Tensor]]
+ModelT = TypeVar("ModelT", bound=nn.Module)
 
 
 class CheckpointLedger:
@@ -321,9 +322,9 @@ class WeightIntake:
             )
 
 
-def watch_update_sessions(model_cls: type[nn.Module]) -> None:
-    """Tell each ``model_cls`` model's ``weight_intake`` when vLLM starts and finishes
-    a layerwise reload of it, through the attribute both steps set on the model."""
+def watch_update_sessions(model_cls: type[ModelT]) -> type[ModelT]:
+    """Class decorator: tell each model's ``weight_intake`` when vLLM starts and
+    finishes a layerwise reload of it, through the attribute both steps set on it."""
     stored = f"_spark2_5{compat.LAYERWISE_RELOAD_ATTRIBUTE}"
 
     def get(model: nn.Module) -> Any:
@@ -338,3 +339,4 @@ def watch_update_sessions(model_cls: type[nn.Module]) -> None:
             intake.session_started()
 
     setattr(model_cls, compat.LAYERWISE_RELOAD_ATTRIBUTE, property(get, set_))
+    return model_cls
