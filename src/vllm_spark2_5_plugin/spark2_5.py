@@ -12,7 +12,6 @@ checkpoint's separate ``gate_proj``/``up_proj`` (and re-exported separate
 """
 
 from collections.abc import Iterable
-from functools import partial
 from itertools import islice
 from typing import ClassVar
 
@@ -326,9 +325,10 @@ class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
             self.lm_head = PPMissingLayer()
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
         model_config, load_config = vllm_config.model_config, vllm_config.load_config
-        # Where vLLM reads the weights from, to name a damaged file should reading fail.
-        self.checkpoint_folder = partial(
-            checkpoint_folder, model_config.model, model_config.revision, load_config.download_dir
+        # Where vLLM reads the weights from, to name a damaged file should reading
+        # fail; looked up then, as reload_weights(weights_path=...) repoints it.
+        self.checkpoint_folder = lambda: checkpoint_folder(
+            model_config.model, model_config.revision, load_config.download_dir
         )
         self.weight_intake = WeightIntake(
             self,

@@ -247,7 +247,8 @@ def checkpoint_folder(model: str, revision: str | None, download_dir: str | None
 
 
 def refuse_damaged_files(folder: Path) -> None:
-    """Raise the error naming the first damaged safetensors file of ``folder``, if any.
+    """Raise the error naming the first damaged safetensors file of ``folder``, if any
+    (headers and sizes only).
 
     One of ``Spark2_5Config.folder_checks`` once the carrier registers the config:
     vLLM reads every safetensors header right after the config (for the dtype and

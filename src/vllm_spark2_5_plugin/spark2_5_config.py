@@ -267,6 +267,10 @@ class Spark2_5Config(PretrainedConfig):
     """
 
     model_type = "spark2_5"
+    # Checks of the local folder a config is read from (each raises on what it
+    # finds), run by from_dict; the carrier adds the checkpoint's file check
+    # when it registers the config.
+    folder_checks: ClassVar[tuple[Callable[[Path], None], ...]] = ()
 
     def __init__(
         self,
@@ -407,11 +411,6 @@ class Spark2_5Config(PretrainedConfig):
         # vLLM reads sliding_window whatever the layer types, so a set value must be sane.
         if SLIDING_ATTENTION in layer_types or self.sliding_window is not None:
             _require_size("sliding_window", self.sliding_window)
-
-    # Checks of the local folder a config is read from (each raises on what it
-    # finds), run by from_dict; the carrier adds the checkpoint's file check
-    # when it registers the config.
-    folder_checks: ClassVar[tuple[Callable[[Path], None], ...]] = ()
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
