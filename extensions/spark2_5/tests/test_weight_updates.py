@@ -25,7 +25,13 @@ from spark2_5_dev.parity import ENGINE_ENV, NEW_TOKENS
 DOC = Path(__file__).resolve().parents[1] / "docs" / "rl-weight-updates.md"
 
 CASES = [case.name for case in weight_updates.CASES]
-RELOAD_STEPS = ["a_first_load", "b_reload_path", "a_reload_iterator", "b_after_under_load"]
+RELOAD_STEPS = [
+    "a_first_load",
+    "b_reload_path",
+    "a_reload_iterator",
+    "a_after_wrong_shape_reload",
+    "b_after_under_load",
+]
 # Through the weight-transfer lifecycle, where this vLLM's engines run it (0.32).
 TRANSFER_STEPS = [
     "b_per_tensor",
@@ -76,6 +82,18 @@ def test_a_wrong_shape_push_is_refused_by_name(measured, case):
     error = measured[0]["cases"][case]["wrong_shape_error"]
     assert error.startswith("Spark2_5CheckpointError: Checkpoint tensor 'model.layers.0.mlp.")
     assert "down_proj.weight' has shape [64, 127], but config.json implies [64, 128]" in error
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_reload_from_a_folder_with_a_wrong_shape_is_refused_by_name(measured, case):
+    """Its first tensor (by name: lm_head.weight untied, the embedding tied) one row
+    short; the engine keeps serving A (``a_after_wrong_shape_reload``)."""
+    first = "lm_head.weight" if case.startswith("untied") else "model.embedding.weight"
+    error = measured[0]["cases"][case]["wrong_shape_reload_error"]
+    assert error.startswith(
+        f"Spark2_5CheckpointError: Checkpoint tensor {first!r} has shape [319, 64], but "
+        "config.json implies [320, 64]"
+    ), error
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -25,6 +25,7 @@ import argparse
 import gc
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,19 @@ class Served:
         }
 
 
+def _wrong_first_tensor(checkpoint: Path, tensors: dict[str, Any]) -> Path:
+    """A folder with ``checkpoint``'s config and ``tensors``, the first one vLLM reads
+    (by name) one row short: refused before any tensor loads."""
+    from safetensors.torch import save_file
+
+    folder = checkpoint.with_name(checkpoint.name + "-wrong-shape")
+    folder.mkdir(exist_ok=True)
+    shutil.copy(checkpoint / "config.json", folder)
+    first = min(tensors)
+    save_file({**tensors, first: tensors[first][:-1].contiguous()}, folder / "model.safetensors")
+    return folder
+
+
 def _steps(served: Served, a: Path, b: Path, tensors: dict[str, dict]) -> dict[str, Any]:
     """Each update path in turn; the name says which weights should serve after it."""
     llm, steps = served.llm, {}
@@ -217,6 +231,12 @@ def _steps(served: Served, a: Path, b: Path, tensors: dict[str, dict]) -> dict[s
     steps["b_head_still_tied"] = served.head_tied()
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(tensors["a"].items())})
     steps["a_reload_iterator"] = served.generate()
+    steps["wrong_shape_reload_error"] = _error_of(
+        lambda: llm.collective_rpc(
+            "reload_weights", kwargs={"weights_path": str(_wrong_first_tensor(b, tensors["b"]))}
+        )
+    )
+    steps["a_after_wrong_shape_reload"] = served.generate()
     if not engines_own_the_session():
         return {**steps, **_under_load(served, b)}
     push(llm, tensors["b"], per_tensor=True)
