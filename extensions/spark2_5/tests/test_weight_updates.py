@@ -20,7 +20,7 @@ import pytest
 from spark2_5_dev import quantize, weight_updates
 from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
 from spark2_5_dev.drivers import assert_matches_reference, run_driver
-from spark2_5_dev.parity import ENGINE_ENV, NEW_TOKENS
+from spark2_5_dev.parity import ENGINE_ENV, FP32_LOGPROB_TOLERANCE, NEW_TOKENS
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "rl-weight-updates.md"
 
@@ -168,3 +168,80 @@ def test_the_documented_trainer_loop_changes_the_output(tmp_path):
     outputs = [line.split(":", 1)[1] for line in steps]
     assert len(outputs) == 4, done.stdout
     assert len(set(outputs)) == 4, outputs
+
+
+def _complete(base_url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
+    """One greedy completion; its token ids and when it started and ended."""
+    import json
+    import time
+    import urllib.request
+
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "logprobs": 0,
+        "return_tokens_as_token_ids": True,
+    }
+    request = urllib.request.Request(
+        f"{base_url}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    started = time.monotonic()
+    with urllib.request.urlopen(request, timeout=300) as response:
+        answer = json.loads(response.read())
+    tokens = answer["choices"][0]["logprobs"]["tokens"]
+    return {
+        "tokens": [int(token.removeprefix("token_id:")) for token in tokens],
+        "logprobs": answer["choices"][0]["logprobs"]["token_logprobs"],
+        "started": started,
+        "ended": time.monotonic(),
+    }
+
+
+@pytest.mark.serve
+def test_requests_in_flight_over_http_finish_while_the_server_reloads(tmp_path):
+    """``vllm serve`` (its engine in its own process) answering concurrent requests
+    while ``/collective_rpc`` runs ``reload_weights``: every request finishes whole,
+    and the next one is the reference's on the new weights."""
+    import json
+    import time
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    from carrier_harness.server import VllmServer
+    from spark2_5_dev.parity import prompts
+    from spark2_5_dev.reference import Spark2_5Reference
+
+    a = build_spark2_5_checkpoint(tmp_path / "a", seed=8)
+    b = build_spark2_5_checkpoint(tmp_path / "b", seed=9)
+    prompt = prompts(8, 320)[1]
+    env = {"SPARK2_5_PLUGIN_ENABLE": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    args = ("--dtype", "float32")
+    with VllmServer(a, args, env=env, log_path=tmp_path / "serve.log") as server:
+        with ThreadPoolExecutor(8) as pool:
+            loads = [pool.submit(_complete, server.base_url, str(a), prompt, 160) for _ in range(8)]
+            time.sleep(1.0)
+            reload = urllib.request.Request(
+                f"{server.base_url}/collective_rpc",
+                data=json.dumps(
+                    {"method": "reload_weights", "kwargs": {"weights_path": str(b)}}
+                ).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            reload_started = time.monotonic()
+            with urllib.request.urlopen(reload, timeout=300) as response:
+                assert response.status == 200
+            finished = [load.result() for load in loads]
+        after = _complete(server.base_url, str(a), prompt, NEW_TOKENS)
+    assert [len(done["tokens"]) for done in finished] == [160] * len(finished)
+    assert any(done["started"] < reload_started < done["ended"] for done in finished)
+    reference_tokens, reference_logprobs = Spark2_5Reference.from_pretrained(b).generate(
+        prompt, NEW_TOKENS
+    )
+    assert after["tokens"] == reference_tokens
+    pairs = zip(after["logprobs"], reference_logprobs, strict=True)
+    assert max(abs(served - expected) for served, expected in pairs) <= FP32_LOGPROB_TOLERANCE
