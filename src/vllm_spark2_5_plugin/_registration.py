@@ -61,9 +61,11 @@ def _stand_down_reason() -> str:
 
 
 def _register_config(report: RegistrationReport) -> None:
+    from vllm_spark2_5_plugin.spark2_5_checkpoint import refuse_damaged_files
     from vllm_spark2_5_plugin.spark2_5_config import Spark2_5Config
 
     if report.claim(f"config:{MODEL_TYPE}", MODEL_TYPE in compat.host_config_registry()):
+        Spark2_5Config.folder_checks = (refuse_damaged_files,)
         compat.register_config(MODEL_TYPE, Spark2_5Config)
 
 

@@ -239,6 +239,39 @@ def quantized_checkpoint_names(
     return mapper_fn().apply(weights)
 
 
+# --- in-place weight updates ------------------------------------------------------
+
+# vLLM's ``initialize_layerwise_reload`` and ``finalize_layerwise_reload`` each set
+# this attribute of the model first thing (to park torchao's own reload while
+# vLLM's runs); a property of that name tells the model that an update starts
+# and that vLLM is about to finish it. The same in 0.32 (run) and 0.23 (read in
+# its source); the layerwise reload itself is in every release of the range.
+LAYERWISE_RELOAD_ATTRIBUTE = "_do_torchao_reload"
+
+
+def _layerwise_reload_module() -> Any | None:
+    try:
+        return importlib.import_module("vllm.model_executor.model_loader.reload.layerwise")
+    except ImportError:
+        return None
+
+
+def finalize_layerwise_reload(model: Any, model_config: Any) -> None:
+    """End ``model``'s layerwise reload as vLLM does: every layer not loaded in it gets
+    its previous tensors back."""
+    module = importlib.import_module("vllm.model_executor.model_loader.reload")
+    module.finalize_layerwise_reload(model, model_config)
+
+
+def in_layerwise_reload(model: Any) -> bool:
+    """Whether ``model`` is inside vLLM's layerwise reload: after
+    ``initialize_layerwise_reload(model)``, until ``finalize_layerwise_reload`` resets
+    the model's own entry."""
+    module = _layerwise_reload_module()
+    info = None if module is None else getattr(module, "LAYERWISE_INFO", {}).get(model)
+    return info is not None and info.can_load()
+
+
 def tool_parser_base() -> type:
     """The ``ToolParser`` base class every registered parser must subclass."""
     return _abstract_tool_parser().ToolParser

@@ -12,8 +12,7 @@ checkpoint's separate ``gate_proj``/``up_proj`` (and re-exported separate
 """
 
 import logging
-from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from functools import partial
 from itertools import islice
 from typing import Any, ClassVar
@@ -42,7 +41,6 @@ from vllm.model_executor.models.interfaces import SupportsLoRA, SupportsPP
 from vllm.model_executor.models.utils import (
     PPMissingLayer,
     extract_layer_index,
-    is_pp_missing_parameter,
     make_empty_intermediate_tensors_factory,
     make_layers,
     maybe_prefix,
@@ -51,28 +49,18 @@ from vllm.sequence import IntermediateTensors
 
 from vllm_spark2_5_plugin import compat
 from vllm_spark2_5_plugin.spark2_5_checkpoint import (
-    Spark2_5CheckpointError,
     TensorChecks,
     checkpoint_folder,
     finite_check_requested,
     naming_damaged_files,
-    quantized_g_proj_error,
 )
 from vllm_spark2_5_plugin.spark2_5_config import SLIDING_ATTENTION, Spark2_5Config
+from vllm_spark2_5_plugin.spark2_5_loading import WeightIntake, watch_update_sessions
 from vllm_spark2_5_plugin.spark2_5_lora import AdapterChecks
 
 Attention = compat.attention_cls()
 logger = logging.getLogger("vllm.spark2_5_plugin")
 
-# Checkpoint name part -> (packed parameter name part, shard id). Dotted on both
-# sides so ".up_proj." never matches inside ".gate_up_proj.".
-STACKED_PARAMS = {
-    ".q_proj.": (".q_k_v_proj.", "q"),
-    ".k_proj.": (".q_k_v_proj.", "k"),
-    ".v_proj.": (".q_k_v_proj.", "v"),
-    ".gate_proj.": (".gate_up_proj.", 0),
-    ".up_proj.": (".gate_up_proj.", 1),
-}
 _GATE_ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": F.silu}
 _finite = partial(torch.nan_to_num, nan=0.0, posinf=0.0, neginf=0.0)
 
@@ -311,6 +299,7 @@ class Spark2_5Model(nn.Module):
         return hidden_states
 
 
+@watch_update_sessions
 class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
     # Packed vLLM module -> the modules a PEFT adapter of the released model
     # targets. That model's attention has one fused q_k_v_proj, so adapters
@@ -345,15 +334,21 @@ class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         else:
             self.lm_head = PPMissingLayer()
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
-        self.tensor_checks = TensorChecks(
-            config,
-            quantized=vllm_config.quant_config is not None,
-            check_finite=finite_check_requested(),
-        )
         model_config, load_config = vllm_config.model_config, vllm_config.load_config
-        # Where vLLM reads the weights from, to name a damaged file should reading fail.
-        self.checkpoint_folder = partial(
-            checkpoint_folder, model_config.model, model_config.revision, load_config.download_dir
+        # Where vLLM reads the weights from, to name a damaged file should reading
+        # fail; looked up then, as reload_weights(weights_path=...) repoints it.
+        self.checkpoint_folder = lambda: checkpoint_folder(
+            model_config.model, model_config.revision, load_config.download_dir
+        )
+        self.weight_intake = WeightIntake(
+            self,
+            TensorChecks(
+                config,
+                quantized=vllm_config.quant_config is not None,
+                check_finite=finite_check_requested(),
+            ),
+            prepare=self._checkpoint_tensors,
+            model_config=model_config,
         )
 
     @property
@@ -387,118 +382,14 @@ class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         return self.logits_processor(self.lm_head, hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        # A tied checkpoint may still carry lm_head.weight; the head is the
-        # embedding, so that copy is dropped rather than written over it.
-        skip_prefixes = ("lm_head.",) if self.config.tie_word_embeddings else ()
-        ledger = _CheckpointLedger(self, skip_prefixes, self.tensor_checks)
+        # The first call loads the checkpoint; later ones update it in place
+        # (spark2_5_loading says how).
+        return self.weight_intake.take(weights)
+
+    def _checkpoint_tensors(
+        self, weights: Iterable[tuple[str, torch.Tensor]]
+    ) -> Iterable[tuple[str, torch.Tensor]]:
         weights = naming_damaged_files(weights, self.checkpoint_folder)
         # Tensors the quantization method does not load (GPTQ's g_idx) never reach
         # the ledger.
-        weights = compat.quantized_checkpoint_names(self.quant_config, weights)
-        loaded = compat.load_weights(
-            self, ledger.track(weights), stacked=STACKED_PARAMS, skip_prefixes=skip_prefixes
-        )
-        ledger.verify()
-        return loaded
-
-
-_WHOLE = "whole tensor"
-
-
-class _CheckpointLedger:
-    """Accounts for every checkpoint tensor of one pipeline stage.
-
-    A tensor with no parameter to go to, a parameter (or one shard of a packed
-    one) filled twice, and a parameter left unfilled are errors that name the
-    checkpoint tensors involved; so are a tensor of the wrong shape or dtype
-    (checked on every stage, whichever loads it) and one holding NaN/Inf.
-    """
-
-    def __init__(
-        self, model: nn.Module, skip_prefixes: tuple[str, ...], checks: TensorChecks
-    ) -> None:
-        self.model = model
-        self.skip_prefixes = skip_prefixes
-        self.checks = checks
-        self.params = dict(model.named_parameters())
-        # An attention layer's only parameters are KV-cache quantization scales,
-        # which default to 1 when a checkpoint has none.
-        self.optional = {
-            f"{module_name}.{param_name}"
-            for module_name, module in model.named_modules()
-            if isinstance(module, Attention)
-            for param_name, _ in module.named_parameters(recurse=False)
-        }
-        self.filled: dict[str, dict[str | int, str]] = defaultdict(dict)
-
-    def track(
-        self, weights: Iterable[tuple[str, torch.Tensor]]
-    ) -> Iterator[tuple[str, torch.Tensor]]:
-        for name, tensor in weights:
-            if self.skip_prefixes and name.startswith(self.skip_prefixes):
-                yield name, tensor
-                continue
-            target, shard_id = _packed_target(name)
-            if target not in self.params:
-                if is_pp_missing_parameter(target, self.model):
-                    self.checks.check_layout(name, tensor)
-                    continue  # another pipeline stage loads it
-                if ".g_proj." in name and not name.endswith((".weight", ".bias")):
-                    raise quantized_g_proj_error(name)
-                raise Spark2_5CheckpointError(
-                    f"Unexpected tensor {name!r} in the Spark2_5 checkpoint: "
-                    f"{type(self.model).__name__} has no parameter {target!r} for it "
-                    "(check the checkpoint against config.json: bias, head and layer counts)"
-                )
-            self.checks.check_layout(name, tensor)
-            self.checks.check_values(name, tensor)
-            shard = _WHOLE if shard_id is None else shard_id
-            filled = self.filled[target]
-            if filled and (shard == _WHOLE or _WHOLE in filled or shard in filled):
-                clash = filled.get(shard) or filled.get(_WHOLE) or next(iter(filled.values()))
-                raise Spark2_5CheckpointError(
-                    f"Checkpoint tensors {clash!r} and {name!r} both load into {target!r}; "
-                    "keep either the fused tensor or its parts, once"
-                )
-            filled[shard] = name
-            yield name, tensor
-
-    def verify(self) -> None:
-        missing = []
-        for target in self.params:
-            filled = self.filled.get(target, {})
-            if _WHOLE in filled or target in self.optional:
-                continue
-            parts = _checkpoint_parts(target)
-            if not parts:
-                if not filled:
-                    missing.append(target)
-            elif not filled:
-                names = ", ".join(parts.values())
-                missing.append(f"{target} (or its parts {names})")
-            else:
-                missing.extend(part for shard, part in parts.items() if shard not in filled)
-        if missing:
-            raise Spark2_5CheckpointError(
-                "The Spark2_5 checkpoint lacks these tensors: "
-                + "; ".join(missing)
-                + ". Check that it matches its config.json (layers, tie_word_embeddings, "
-                "headwise_attn_output_gate)"
-            )
-
-
-def _packed_target(name: str) -> tuple[str, str | int | None]:
-    """The parameter a checkpoint tensor loads into, and the shard id if it is one part."""
-    for part, (packed_part, shard_id) in STACKED_PARAMS.items():
-        if part in name:
-            return name.replace(part, packed_part, 1), shard_id
-    return name, None
-
-
-def _checkpoint_parts(target: str) -> dict[str | int, str]:
-    """For a packed parameter, its shard ids and the checkpoint names that fill them."""
-    return {
-        shard_id: target.replace(packed_part, part, 1)
-        for part, (packed_part, shard_id) in STACKED_PARAMS.items()
-        if packed_part in target
-    }
+        return compat.quantized_checkpoint_names(self.quant_config, weights)

@@ -31,12 +31,10 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:  # the config module imports this one to check files at config load
-    from vllm_spark2_5_plugin.spark2_5_config import Spark2_5Config
+from vllm_spark2_5_plugin.spark2_5_config import Spark2_5Config
 
 # Checkpoint name (decoder layers as "layers.") -> its shape, as expressions of the config.
 CHECKPOINT_SHAPES: dict[str, tuple[str, ...]] = {
@@ -249,7 +247,12 @@ def checkpoint_folder(model: str, revision: str | None, download_dir: str | None
 
 
 def refuse_damaged_files(folder: Path) -> None:
-    """Raise the error naming the first damaged safetensors file of ``folder``, if any."""
+    """Raise the error naming the first damaged safetensors file of ``folder``, if any
+    (headers and sizes only).
+
+    One of ``Spark2_5Config.folder_checks`` once the carrier registers the config:
+    vLLM reads every safetensors header right after the config (for the dtype and
+    the tied head) and would fail there with an error naming no file."""
     damaged = _first_damaged_file(folder)
     if damaged is not None:
         raise _damaged_file_error(*damaged)

@@ -49,8 +49,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from transformers import PretrainedConfig
 
@@ -266,6 +267,10 @@ class Spark2_5Config(PretrainedConfig):
     """
 
     model_type = "spark2_5"
+    # Checks of the local folder a config is read from (each raises on what it
+    # finds), run by from_dict; the carrier adds the checkpoint's file check
+    # when it registers the config.
+    folder_checks: ClassVar[tuple[Callable[[Path], None], ...]] = ()
 
     def __init__(
         self,
@@ -412,16 +417,13 @@ class Spark2_5Config(PretrainedConfig):
         """The config from a ``config.json``'s dict, as ``PretrainedConfig`` builds it.
 
         When ``AutoConfig`` (which vLLM uses) loads it from a local folder, the
-        folder's ``.safetensors`` files are checked too, headers and sizes only:
-        vLLM reads their headers right after the config (for the dtype and the
-        tied head) and would fail there with an error naming no file.
+        :attr:`folder_checks` run on that folder too.
         """
         loaded = super().from_dict(config_dict, **kwargs)
         folder = kwargs.get("name_or_path")
         if folder is not None and os.path.isdir(folder):
-            from vllm_spark2_5_plugin.spark2_5_checkpoint import refuse_damaged_files
-
-            refuse_damaged_files(Path(folder))
+            for check in cls.folder_checks:
+                check(Path(folder))
         return loaded
 
     def convert_rope_params_to_dict(self, **kwargs: Any) -> dict[str, Any]:

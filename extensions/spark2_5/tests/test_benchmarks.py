@@ -15,7 +15,7 @@ import pytest
 
 CARRIER = Path(__file__).resolve().parents[1]
 BENCHMARKS = CARRIER / "benchmarks"
-SCRIPTS = ("bench_model.py", "bench_carrier.py", "bench_serving.py")
+SCRIPTS = ("bench_model.py", "bench_carrier.py", "bench_serving.py", "bench_weight_updates.py")
 
 
 @pytest.fixture

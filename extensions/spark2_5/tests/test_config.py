@@ -198,3 +198,21 @@ def test_vllm_serve_refuses_an_invalid_config_with_that_error(tmp_path):
     assert done.returncode != 0
     output = done.stdout + done.stderr
     assert "Spark2_5 config: gate_attn_act_mode='tanh' is invalid; allowed values are" in output
+
+
+def test_the_config_module_knows_nothing_of_checkpoints():
+    """One way only: the checkpoint checks read the config, the config module imports
+    nothing of them (their file check is added to it at registration)."""
+    import ast
+    from pathlib import Path
+
+    import vllm_spark2_5_plugin.spark2_5_config as module
+
+    tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+    imported = {
+        name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for name in [node.module or "", *(alias.name for alias in node.names)]
+    }
+    assert not {name for name in imported if "checkpoint" in name}, imported

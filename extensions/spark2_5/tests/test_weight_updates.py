@@ -1,0 +1,247 @@
+"""In-place weight updates on real vLLM (CPU) against the plain-PyTorch reference.
+
+One subprocess (``spark2_5_dev.weight_updates``) serves checkpoint A of a tied
+(fused q/k/v) and an untied (split q/k/v) case, one engine each, and pushes B's
+or A's weights through ``reload_weights`` (path, iterator) and the
+weight-transfer lifecycle (per tensor, per bucket); each test asserts on its
+part of the JSON that run writes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spark2_5_dev import quantize, weight_updates
+from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
+from spark2_5_dev.drivers import assert_matches_reference, run_driver
+from spark2_5_dev.parity import ENGINE_ENV, FP32_LOGPROB_TOLERANCE, NEW_TOKENS
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "rl-weight-updates.md"
+
+CASES = [case.name for case in weight_updates.CASES]
+RELOAD_STEPS = [
+    "a_first_load",
+    "b_reload_path",
+    "a_reload_iterator",
+    "a_after_wrong_shape_reload",
+    "b_after_under_load",
+]
+# Through the weight-transfer lifecycle, where this vLLM's engines run it (0.32).
+TRANSFER_STEPS = [
+    "b_per_tensor",
+    "a_per_bucket",
+    "a_after_wrong_shape",
+    "a_after_part_of_a_packed_parameter",
+    "a_after_outside_session",
+]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
+    workdir = tmp_path_factory.mktemp("weight-updates")
+    result = run_driver("spark2_5_dev.weight_updates", [], workdir, timeout=1500, name="updates")
+    return result, (workdir / "updates.log").read_text(errors="replace")
+
+
+def transfer_steps(measured) -> None:
+    if not measured[0]["transfer_steps"]:
+        pytest.skip(f"vLLM {measured[0]['vllm']}: its weight-transfer engines have another API")
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("step", RELOAD_STEPS + TRANSFER_STEPS)
+def test_after_each_update_the_engine_serves_exactly_the_pushed_weights(measured, case, step):
+    """Greedy tokens equal to the reference on those weights, log-probs within the
+    float32 tolerance; the step's name says which checkpoint (a or b) should serve."""
+    if step in TRANSFER_STEPS:
+        transfer_steps(measured)
+    assert_matches_reference(measured[0]["cases"][case]["compared"][step])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_two_checkpoints_generate_differently(measured, case):
+    """Else serving the previous weights would pass the tests above."""
+    assert measured[0]["cases"][case]["a_and_b_differ"]
+
+
+def test_the_tied_head_is_still_the_embedding_after_a_reload(measured):
+    assert measured[0]["cases"]["tied-fused"]["b_head_still_tied"] is True
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_wrong_shape_push_is_refused_by_name(measured, case):
+    transfer_steps(measured)
+    error = measured[0]["cases"][case]["wrong_shape_error"]
+    assert error.startswith("Spark2_5CheckpointError: Checkpoint tensor 'model.layers.0.mlp.")
+    assert "down_proj.weight' has shape [64, 127], but config.json implies [64, 128]" in error
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_reload_from_a_folder_with_a_wrong_shape_is_refused_by_name(measured, case):
+    """Its first tensor (by name: lm_head.weight untied, the embedding tied) one row
+    short; the engine keeps serving A (``a_after_wrong_shape_reload``)."""
+    first = "lm_head.weight" if case.startswith("untied") else "model.embedding.weight"
+    error = measured[0]["cases"][case]["wrong_shape_reload_error"]
+    assert error.startswith(
+        f"Spark2_5CheckpointError: Checkpoint tensor {first!r} has shape [319, 64], but "
+        "config.json implies [320, 64]"
+    ), error
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_push_outside_an_update_session_is_refused(measured, case):
+    transfer_steps(measured)
+    error = measured[0]["cases"][case]["outside_session_error"]
+    assert error.startswith(
+        "Spark2_5CheckpointError: Spark2_5 weights were pushed with load_weights outside "
+        "vLLM's layerwise reload"
+    )
+    assert "reload_weights" in error and "model.layers.0.mlp.gate_proj.weight" in error
+
+
+def test_part_of_a_packed_parameter_is_held_back_and_named(measured):
+    """The layer keeps its previous weights whole (the step above serves A) and the
+    log names what arrived."""
+    transfer_steps(measured)
+    log = measured[1]
+    assert "these packed parameters got only some of their parts" in log
+    assert "model.layers.0.mlp.gate_up_proj.weight (pushed only model.layers.0.mlp.gate_proj" in log
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_requests_in_flight_during_a_reload_finish(measured, case):
+    load = measured[0]["cases"][case]["under_load"]
+    assert load["in_flight_at_reload"] == weight_updates.REQUESTS_UNDER_LOAD
+    assert load["finished"] == weight_updates.REQUESTS_UNDER_LOAD
+    assert load["new_tokens"] == [NEW_TOKENS]
+
+
+LORA_STEPS = ["a_with_adapter", "b_with_adapter", "b_base", "a_with_adapter_after_per_tensor"]
+
+
+@pytest.mark.parametrize("step", LORA_STEPS)
+def test_a_lora_engine_serves_its_adapter_on_the_updated_base(measured, step):
+    """Against the reference on the new base with the adapter merged into it (vLLM
+    drops the loaded adapters after an update and loads them again when asked)."""
+    if step == LORA_STEPS[-1]:
+        transfer_steps(measured)
+    assert_matches_reference(measured[0]["lora"][step])
+
+
+@pytest.mark.parametrize("fmt", quantize.FORMATS)
+def test_a_quantized_checkpoint_reloads_to_what_a_fresh_engine_serves(measured, fmt):
+    """Tokens and log-probs identical, in both directions; the two checkpoints differ."""
+    result = measured[0]["quantized"][fmt]
+    assert result["a_and_b_differ"]
+    assert result["reloaded_equals_fresh"] == {"a": True, "b": True}
+
+
+def test_the_documented_trainer_loop_changes_the_output(tmp_path):
+    """The doc's example as a user runs it: its own engine process (vLLM's default),
+    three pushes, each changing the greedy continuation."""
+    example = re.search(r"```python\n(.*?)```", DOC.read_text(), re.DOTALL)
+    assert example, DOC
+    script = tmp_path / "rl_loop.py"
+    script.write_text(example.group(1))
+    checkpoint = build_spark2_5_checkpoint(tmp_path / "model", seed=8)
+    env = {**os.environ, **ENGINE_ENV}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+    done = subprocess.run(
+        [sys.executable, str(script), str(checkpoint)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+        start_new_session=True,
+    )
+    assert done.returncode == 0, done.stderr[-6000:]
+    steps = [line for line in done.stdout.splitlines() if line.startswith("step ")]
+    outputs = [line.split(":", 1)[1] for line in steps]
+    assert len(outputs) == 4, done.stdout
+    assert len(set(outputs)) == 4, outputs
+
+
+def _complete(base_url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
+    """One greedy completion; its token ids and when it started and ended."""
+    import json
+    import time
+    import urllib.request
+
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "logprobs": 0,
+        "return_tokens_as_token_ids": True,
+    }
+    request = urllib.request.Request(
+        f"{base_url}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    started = time.monotonic()
+    with urllib.request.urlopen(request, timeout=300) as response:
+        answer = json.loads(response.read())
+    tokens = answer["choices"][0]["logprobs"]["tokens"]
+    return {
+        "tokens": [int(token.removeprefix("token_id:")) for token in tokens],
+        "logprobs": answer["choices"][0]["logprobs"]["token_logprobs"],
+        "started": started,
+        "ended": time.monotonic(),
+    }
+
+
+@pytest.mark.serve
+def test_requests_in_flight_over_http_finish_while_the_server_reloads(tmp_path):
+    """``vllm serve`` (its engine in its own process) answering concurrent requests
+    while ``/collective_rpc`` runs ``reload_weights``: every request finishes whole,
+    and the next one is the reference's on the new weights."""
+    import json
+    import time
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    from carrier_harness.server import VllmServer
+    from spark2_5_dev.parity import prompts
+    from spark2_5_dev.reference import Spark2_5Reference
+
+    a = build_spark2_5_checkpoint(tmp_path / "a", seed=8)
+    b = build_spark2_5_checkpoint(tmp_path / "b", seed=9)
+    prompt = prompts(8, 320)[1]
+    env = {"SPARK2_5_PLUGIN_ENABLE": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    args = ("--dtype", "float32")
+    with VllmServer(a, args, env=env, log_path=tmp_path / "serve.log") as server:
+        with ThreadPoolExecutor(8) as pool:
+            loads = [pool.submit(_complete, server.base_url, str(a), prompt, 160) for _ in range(8)]
+            time.sleep(1.0)
+            reload = urllib.request.Request(
+                f"{server.base_url}/collective_rpc",
+                data=json.dumps(
+                    {"method": "reload_weights", "kwargs": {"weights_path": str(b)}}
+                ).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            reload_started = time.monotonic()
+            with urllib.request.urlopen(reload, timeout=300) as response:
+                assert response.status == 200
+            finished = [load.result() for load in loads]
+        after = _complete(server.base_url, str(a), prompt, NEW_TOKENS)
+    assert [len(done["tokens"]) for done in finished] == [160] * len(finished)
+    assert any(done["started"] < reload_started < done["ended"] for done in finished)
+    reference_tokens, reference_logprobs = Spark2_5Reference.from_pretrained(b).generate(
+        prompt, NEW_TOKENS
+    )
+    assert after["tokens"] == reference_tokens
+    pairs = zip(after["logprobs"], reference_logprobs, strict=True)
+    assert max(abs(served - expected) for served, expected in pairs) <= FP32_LOGPROB_TOLERANCE

@@ -1,0 +1,342 @@
+"""How ``Spark2_5ForCausalLM`` takes its weights: the first load, then in-place updates.
+
+**First load** (one ``load_weights`` call with the whole checkpoint): a
+:class:`CheckpointLedger` accounts for every tensor and refuses, naming it, a
+tensor with no parameter, one loaded twice, a missing one, a wrong shape or
+dtype and (when asked) NaN/Inf.
+
+**Updates** (every later call): vLLM updates weights in place inside a layerwise
+reload session (``reload_weights``; the weight-transfer engines'
+``start_weight_update`` / ``update_weights`` / ``finish_weight_update``). Such a
+session may call ``load_weights`` once with everything or once per tensor or
+bucket, so one ledger spans the session:
+
+* every pushed tensor gets the first load's checks, and one pushed twice in a
+  session is refused; a call whose tensors come as a list is checked whole
+  before any of it loads, so a refused push changes nothing;
+* the parts of a packed parameter (``q/k/v_proj``, ``gate/up_proj``) are held
+  until all have arrived: vLLM would otherwise finish a layer pushed in part
+  with uninitialised memory for the rest;
+* a tied head is reloaded with the embedding: vLLM leaves an unpushed layer as
+  it was, and on CPU the head's packed (oneDNN) copy of the old embedding would
+  keep computing the logits;
+* when vLLM finishes the session, what it did not update is logged by name (it
+  keeps its previous values);
+* a refused tensor ends the session the way vLLM's own finish does (layers
+  loaded before it serve the new weights, the others their previous ones), so
+  the engine never runs on half-restored layers.
+
+Outside such a session a loaded model refuses ``load_weights``: writing into its
+parameters would not reach the packed copies vLLM's CPU linears compute with.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
+from itertools import islice
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+from vllm.model_executor.models.utils import is_pp_missing_parameter
+
+from vllm_spark2_5_plugin import compat
+from vllm_spark2_5_plugin.spark2_5_checkpoint import (
+    Spark2_5CheckpointError,
+    TensorChecks,
+    quantized_g_proj_error,
+)
+
+# Checkpoint name part -> (packed parameter name part, shard id). Dotted on both
+# sides so ".up_proj." never matches inside ".gate_up_proj.".
+STACKED_PARAMS = {
+    ".q_proj.": (".q_k_v_proj.", "q"),
+    ".k_proj.": (".q_k_v_proj.", "k"),
+    ".v_proj.": (".q_k_v_proj.", "v"),
+    ".gate_proj.": (".gate_up_proj.", 0),
+    ".up_proj.": (".gate_up_proj.", 1),
+}
+EMBEDDING = "model.embedding.weight"
+_WHOLE = "whole tensor"
+NAMED = 8  # how many tensors an error or warning about a push names
+# vLLM's LoRA layers wrap the layer they adapt; its parameters keep their names under it.
+_LORA_WRAPPED = ".base_layer."
+
+logger = logging.getLogger("vllm.spark2_5_plugin")
+
+Weights = Iterable[tuple[str, torch.Tensor]]
+ModelT = TypeVar("ModelT", bound=nn.Module)
+
+
+class CheckpointLedger:
+    """Accounts for every checkpoint tensor of one pipeline stage.
+
+    A tensor with no parameter to go to, a parameter (or one shard of a packed
+    one) filled twice, and a parameter left unfilled are errors that name the
+    checkpoint tensors involved; so are a tensor of the wrong shape or dtype
+    (checked on every stage, whichever loads it) and one holding NaN/Inf.
+    """
+
+    def __init__(
+        self, model: nn.Module, skip_prefixes: tuple[str, ...], checks: TensorChecks
+    ) -> None:
+        self.model = model
+        self.skip_prefixes = skip_prefixes
+        self.checks = checks
+        self.params = {
+            name.replace(_LORA_WRAPPED, "."): param for name, param in model.named_parameters()
+        }
+        # An attention layer's only parameters are KV-cache quantization scales,
+        # which default to 1 when a checkpoint has none.
+        attention = compat.attention_cls()
+        self.optional = {
+            f"{module_name}.{param_name}"
+            for module_name, module in model.named_modules()
+            if isinstance(module, attention)
+            for param_name, _ in module.named_parameters(recurse=False)
+        }
+        self.filled: dict[str, dict[str | int, str]] = defaultdict(dict)
+
+    def track(self, weights: Weights) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in weights:
+            self.check(name, tensor)
+            yield name, tensor
+
+    def check(self, name: str, tensor: torch.Tensor) -> None:
+        """Refuse ``name`` unless it fits a parameter not yet filled; record it."""
+        if not isinstance(tensor, torch.Tensor):
+            raise Spark2_5CheckpointError(
+                f"Tensor {name!r} arrived as a {type(tensor).__name__}, not a torch.Tensor. "
+                "A weights_iterator sent with collective_rpc to an engine in another process "
+                "arrives as plain lists: reload from weights_path, or use a weight-transfer "
+                "engine, instead"
+            )
+        if self.skip_prefixes and name.startswith(self.skip_prefixes):
+            return
+        target, shard_id = packed_target(name)
+        if target not in self.params:
+            if is_pp_missing_parameter(target, self.model):
+                self.checks.check_layout(name, tensor)
+                return  # another pipeline stage loads it
+            if ".g_proj." in name and not name.endswith((".weight", ".bias")):
+                raise quantized_g_proj_error(name)
+            raise Spark2_5CheckpointError(
+                f"Unexpected tensor {name!r} in the Spark2_5 checkpoint: "
+                f"{type(self.model).__name__} has no parameter {target!r} for it "
+                "(check the checkpoint against config.json: bias, head and layer counts)"
+            )
+        self.checks.check_layout(name, tensor)
+        self.checks.check_values(name, tensor)
+        shard = _WHOLE if shard_id is None else shard_id
+        filled = self.filled[target]
+        if filled and (shard == _WHOLE or _WHOLE in filled or shard in filled):
+            clash = filled.get(shard) or filled.get(_WHOLE) or next(iter(filled.values()))
+            raise Spark2_5CheckpointError(
+                f"Checkpoint tensors {clash!r} and {name!r} both load into {target!r}; "
+                "keep either the fused tensor or its parts, once"
+            )
+        filled[shard] = name
+
+    def missing(self) -> list[str]:
+        """The parameters (or parts of packed ones) no tensor has filled."""
+        missing = []
+        for target in self.params:
+            filled = self.filled.get(target, {})
+            if _WHOLE in filled or target in self.optional:
+                continue
+            parts = checkpoint_parts(target)
+            if not parts:
+                if not filled:
+                    missing.append(target)
+            elif not filled:
+                names = ", ".join(parts.values())
+                missing.append(f"{target} (or its parts {names})")
+            else:
+                missing.extend(part for shard, part in parts.items() if shard not in filled)
+        return missing
+
+    def verify(self) -> None:
+        missing = self.missing()
+        if missing:
+            raise Spark2_5CheckpointError(
+                "The Spark2_5 checkpoint lacks these tensors: "
+                + "; ".join(missing)
+                + ". Check that it matches its config.json (layers, tie_word_embeddings, "
+                "headwise_attn_output_gate)"
+            )
+
+
+def packed_target(name: str) -> tuple[str, str | int | None]:
+    """The parameter a checkpoint tensor loads into, and the shard id if it is one part."""
+    for part, (packed_part, shard_id) in STACKED_PARAMS.items():
+        if part in name:
+            return name.replace(part, packed_part, 1), shard_id
+    return name, None
+
+
+def checkpoint_parts(target: str) -> dict[str | int, str]:
+    """For a packed parameter, its shard ids and the checkpoint names that fill them."""
+    return {
+        shard_id: target.replace(packed_part, part, 1)
+        for part, (packed_part, shard_id) in STACKED_PARAMS.items()
+        if packed_part in target
+    }
+
+
+OUTSIDE_SESSION = (
+    "Spark2_5 weights were pushed with load_weights outside vLLM's layerwise reload: "
+    "this model is loaded, and on CPU its linear layers compute with packed copies that "
+    "writing into the parameters would not change. Update it with vLLM's reload_weights "
+    "(LLM.collective_rpc('reload_weights', kwargs={{'weights_path': ...}} or "
+    "{{'weights_iterator': [...]}})), with a weight-transfer engine (start_weight_update, "
+    "update_weights, finish_weight_update), or between "
+    "initialize_layerwise_reload(model) and finalize_layerwise_reload(model, model_config) "
+    "from vllm.model_executor.model_loader.reload. Tensors pushed: {names}"
+)
+
+
+class WeightIntake:
+    """The weights one model takes: its first load, then every update session.
+
+    ``prepare`` renames and wraps checkpoint tensors as vLLM reads them (quantized
+    names, damaged files named); ``model_config`` is what vLLM finishes a session
+    with.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        checks: TensorChecks,
+        prepare: Callable[[Weights], Weights],
+        model_config: Any,
+    ) -> None:
+        self.model = model
+        self.checks = checks
+        self.prepare = prepare
+        self.model_config = model_config
+        # A tied checkpoint may still carry lm_head.weight; the head is the
+        # embedding, so that copy is dropped rather than written over it.
+        self.skip_prefixes = ("lm_head.",) if model.config.tie_word_embeddings else ()
+        self.load: Callable[[Weights], set[str]] = partial(
+            compat.load_weights, model, stacked=STACKED_PARAMS, skip_prefixes=self.skip_prefixes
+        )
+        self.first_load_done = False
+        self.session: CheckpointLedger | None = None
+        # Packed parameter -> its parts pushed so far in this session, held back.
+        self.held: dict[str, dict[str | int, tuple[str, torch.Tensor]]] = {}
+
+    def ledger(self) -> CheckpointLedger:
+        return CheckpointLedger(self.model, self.skip_prefixes, self.checks)
+
+    def take(self, weights: Weights) -> set[str]:
+        """What the model's ``load_weights`` does with ``weights``."""
+        if self.first_load_done:
+            return self.update(weights)
+        ledger = self.ledger()
+        loaded = self.load(ledger.track(self.prepare(weights)))
+        ledger.verify()
+        self.first_load_done = True
+        return loaded
+
+    def update(self, weights: Weights) -> set[str]:
+        """One ``load_weights`` call of an update session."""
+        listed = isinstance(weights, (list, tuple))
+        if not compat.in_layerwise_reload(self.model):
+            names = [name for name, _ in islice(weights, NAMED)]
+            raise Spark2_5CheckpointError(OUTSIDE_SESSION.format(names=", ".join(names)))
+        if self.session is None:
+            self.session_started()
+        session = self.session
+        assert session is not None
+        try:
+            if listed:
+                weights = list(self.prepare(weights))
+                for name, tensor in weights:  # the whole call, before any of it loads
+                    session.check(name, tensor)
+            else:
+                weights = session.track(self.prepare(weights))
+            return self._load_update(weights)
+        except Exception:
+            self.session = None
+            self.held.clear()
+            compat.finalize_layerwise_reload(self.model, self.model_config)
+            raise
+
+    def _load_update(self, weights: Weights) -> set[str]:
+        embedding: list[torch.Tensor] = []
+        loaded = self.load(self._whole_parameters(weights, embedding))
+        head = getattr(getattr(self.model, "lm_head", None), "weight", None)
+        if embedding and self.skip_prefixes and head is not None:
+            head.weight_loader(head, embedding[-1])
+        return loaded
+
+    def _whole_parameters(
+        self, weights: Weights, embedding: list[torch.Tensor]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """``weights`` with each packed parameter's parts held until all have come."""
+        for name, tensor in weights:
+            if name == EMBEDDING:
+                embedding.append(tensor)
+            target, shard_id = packed_target(name)
+            if shard_id is None:
+                yield name, tensor
+                continue
+            held = self.held.setdefault(target, {})
+            held[shard_id] = (name, tensor)
+            if len(held) == len(checkpoint_parts(target)):
+                del self.held[target]
+                yield from held.values()
+
+    def session_started(self) -> None:
+        self.session = self.ledger()
+        self.held.clear()
+
+    def session_finishing(self) -> None:
+        """vLLM is about to finish the session: say what it leaves as it was."""
+        if self.session is None:
+            return
+        session, self.session = self.session, None
+        partial = [
+            f"{target} (pushed only {', '.join(name for name, _ in parts.values())})"
+            for target, parts in self.held.items()
+        ]
+        self.held.clear()
+        if partial:
+            logger.warning(
+                "Spark2_5 weight update: these packed parameters got only some of their "
+                "parts and keep their previous values whole: %s",
+                "; ".join(partial),
+            )
+        missing = session.missing()
+        if missing:
+            more = len(missing) - NAMED
+            logger.warning(
+                "Spark2_5 weight update finished without %d tensors, which keep their "
+                "previous values: %s%s",
+                len(missing),
+                "; ".join(missing[:NAMED]),
+                f" and {more} more" if more > 0 else "",
+            )
+
+
+def watch_update_sessions(model_cls: type[ModelT]) -> type[ModelT]:
+    """Class decorator: tell each model's ``weight_intake`` when vLLM starts and
+    finishes a layerwise reload of it, through the attribute both steps set on it."""
+    stored = f"_spark2_5{compat.LAYERWISE_RELOAD_ATTRIBUTE}"
+
+    def get(model: nn.Module) -> Any:
+        return model.__dict__.get(stored, False)
+
+    def set_(model: nn.Module, value: Any) -> None:
+        model.__dict__[stored] = value
+        intake: WeightIntake = model.weight_intake
+        if compat.in_layerwise_reload(model):
+            intake.session_finishing()
+        else:
+            intake.session_started()
+
+    setattr(model_cls, compat.LAYERWISE_RELOAD_ATTRIBUTE, property(get, set_))
+    return model_cls
