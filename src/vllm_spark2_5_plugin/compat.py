@@ -272,12 +272,12 @@ def in_layerwise_reload(model: Any) -> bool:
     return info is not None and info.can_load()
 
 
+# --- tool-call parser -----------------------------------------------------------
+
+
 def tool_parser_base() -> type:
     """The ``ToolParser`` base class every registered parser must subclass."""
     return _abstract_tool_parser().ToolParser
-
-
-# --- tool-call parser -----------------------------------------------------------
 
 
 def tool_call_protocol() -> Any:
