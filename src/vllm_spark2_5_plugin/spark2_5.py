@@ -348,6 +348,7 @@ class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
                 check_finite=finite_check_requested(),
             ),
             prepare=self._checkpoint_tensors,
+            folder=self.checkpoint_folder,
             model_config=model_config,
         )
 

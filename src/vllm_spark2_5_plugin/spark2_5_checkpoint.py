@@ -246,6 +246,59 @@ def checkpoint_folder(model: str, revision: str | None, download_dir: str | None
     return Path(folder)
 
 
+# safetensors dtype names -> torch dtypes, for tensors described by a file's header.
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def described_tensors(folder: Path | None) -> list[tuple[str, torch.Tensor]] | None:
+    """Every tensor of ``folder``'s safetensors checkpoint as a data-less ("meta")
+    tensor of its name, shape and dtype, read from the headers alone (the files an
+    index lists, else every ``*.safetensors``); None where the folder has no such
+    checkpoint or a header cannot be read (loading then names the damage)."""
+    if folder is None:
+        return None
+    index = folder / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            files = sorted(
+                {folder / name for name in json.loads(index.read_text())["weight_map"].values()}
+            )
+        else:
+            files = sorted(folder.glob("*.safetensors"))
+        described = []
+        for path in files:
+            if safetensors_damage(path) is not None:
+                return None
+            for name, entry in _header(path).items():
+                if name == "__metadata__":
+                    continue
+                dtype = _SAFETENSORS_DTYPES[entry["dtype"]]
+                described.append((name, torch.empty(entry["shape"], dtype=dtype, device="meta")))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
+        return None
+    return described or None
+
+
+def _header(path: Path) -> dict:
+    """The JSON header of a safetensors file ``safetensors_damage`` found sound."""
+    with path.open("rb") as file:
+        length = int.from_bytes(file.read(_HEADER_LENGTH_BYTES), "little")
+        return json.loads(file.read(length))
+
+
 def refuse_damaged_files(folder: Path) -> None:
     """Raise the error naming the first damaged safetensors file of ``folder``, if any
     (headers and sizes only).

@@ -13,7 +13,8 @@ bucket, so one ledger spans the session:
 
 * every pushed tensor gets the first load's checks, and one pushed twice in a
   session is refused; a call whose tensors come as a list is checked whole
-  before any of it loads, so a refused push changes nothing;
+  before any of it loads, and so is a reload from another folder (from its
+  files' headers), so a refused push or folder changes nothing;
 * the parts of a packed parameter (``q/k/v_proj``, ``gate/up_proj``) are held
   until all have arrived: vLLM would otherwise finish a layer pushed in part
   with uninitialised memory for the rest;
@@ -37,6 +38,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from itertools import islice
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -47,6 +49,7 @@ from vllm_spark2_5_plugin import compat
 from vllm_spark2_5_plugin.spark2_5_checkpoint import (
     Spark2_5CheckpointError,
     TensorChecks,
+    described_tensors,
     quantized_g_proj_error,
 )
 
@@ -202,8 +205,8 @@ class WeightIntake:
     """The weights one model takes: its first load, then every update session.
 
     ``prepare`` renames and wraps checkpoint tensors as vLLM reads them (quantized
-    names, damaged files named); ``model_config`` is what vLLM finishes a session
-    with.
+    names, damaged files named); ``folder`` is where vLLM reads them from now;
+    ``model_config`` is what vLLM finishes a session with.
     """
 
     def __init__(
@@ -211,12 +214,18 @@ class WeightIntake:
         model: nn.Module,
         checks: TensorChecks,
         prepare: Callable[[Weights], Weights],
+        folder: Callable[[], Path | None],
         model_config: Any,
     ) -> None:
         self.model = model
         self.checks = checks
         self.prepare = prepare
+        self.folder = folder
         self.model_config = model_config
+        # reload_weights(weights_path=...) repoints model_config.model before the
+        # session starts: a session that finds it changed reads another folder.
+        self.loaded_from: str | None = None
+        self.folder_unchecked = False
         # A tied checkpoint may still carry lm_head.weight; the head is the
         # embedding, so that copy is dropped rather than written over it.
         self.skip_prefixes = ("lm_head.",) if model.config.tie_word_embeddings else ()
@@ -239,6 +248,7 @@ class WeightIntake:
         loaded = self.load(ledger.track(self.prepare(weights)))
         ledger.verify()
         self.first_load_done = True
+        self.loaded_from = self.model_config.model
         return loaded
 
     def update(self, weights: Weights) -> set[str]:
@@ -257,6 +267,7 @@ class WeightIntake:
                 for name, tensor in weights:  # the whole call, before any of it loads
                     session.check(name, tensor)
             else:
+                self._check_new_folder()
                 weights = session.track(self.prepare(weights))
             return self._load_update(weights)
         except Exception:
@@ -290,15 +301,32 @@ class WeightIntake:
                 del self.held[target]
                 yield from held.values()
 
+    def _check_new_folder(self) -> None:
+        """In a reload from another folder, refuse a tensor the model would refuse
+        (name, shape, dtype, twice) from the files' headers, before any tensor loads:
+        the engine then keeps serving its previous weights, none of the folder's."""
+        if not self.folder_unchecked:
+            return
+        self.folder_unchecked = False
+        described = described_tensors(self.folder())
+        if described is None:
+            return
+        layout = TensorChecks(self.checks.config, self.checks.quantized, check_finite=False)
+        ledger = CheckpointLedger(self.model, self.skip_prefixes, layout)
+        for name, tensor in self.prepare(described):
+            ledger.check(name, tensor)
+
     def session_started(self) -> None:
         self.session = self.ledger()
         self.held.clear()
+        self.folder_unchecked = self.model_config.model != self.loaded_from
 
     def session_finishing(self) -> None:
         """vLLM is about to finish the session: say what it leaves as it was."""
         if self.session is None:
             return
         session, self.session = self.session, None
+        self.loaded_from = self.model_config.model
         partial = [
             f"{target} (pushed only {', '.join(name for name, _ in parts.values())})"
             for target, parts in self.held.items()

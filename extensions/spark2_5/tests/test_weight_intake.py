@@ -4,8 +4,12 @@ pushes outside vLLM's layerwise reload, a tensor pushed twice in one update, and
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
 from spark2_5_dev.model_building import build_model, checkpoint_tensors, vllm_model_env
@@ -86,3 +90,53 @@ def test_a_tensor_that_arrived_as_a_list_is_refused_by_name(checkpoint, first):
         "with collective_rpc"
     )
     assert all(isinstance(p, torch.Tensor) and not p.is_meta for p in model.parameters())
+
+
+def test_the_headers_describe_every_tensor_of_a_checkpoint(checkpoint):
+    """What the folder check of a reload reads: every tensor's name, shape and dtype."""
+    from vllm_spark2_5_plugin.spark2_5_checkpoint import described_tensors
+
+    described = {name: tensor for name, tensor in described_tensors(checkpoint)}
+    tensors = checkpoint_tensors(checkpoint)
+    assert described.keys() == tensors.keys()
+    for name, tensor in tensors.items():
+        assert described[name].is_meta
+        assert (described[name].shape, described[name].dtype) == (tensor.shape, tensor.dtype)
+
+
+def _safetensors_file(path, header: bytes, data: bytes = b"") -> None:
+    path.write_bytes(len(header).to_bytes(8, "little") + header + data)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    entry=st.fixed_dictionaries(
+        {
+            "dtype": st.one_of(st.sampled_from(["F32", "BF16", "I8", "XX"]), st.integers()),
+            "shape": st.one_of(
+                st.lists(st.integers(min_value=-3, max_value=2**62), max_size=3),
+                st.text(max_size=3),
+                st.none(),
+            ),
+            "data_offsets": st.just([0, 0]),
+        }
+    )
+)
+def test_a_hostile_header_leaves_the_folder_unchecked_and_raises_nothing(tmp_path_factory, entry):
+    """Whatever a header says, the check either describes it or steps aside (the load
+    itself then names the damage): it never raises and never allocates the shape."""
+    from vllm_spark2_5_plugin.spark2_5_checkpoint import described_tensors
+
+    folder = tmp_path_factory.mktemp("hostile-header")
+    _safetensors_file(folder / "model.safetensors", json.dumps({"w": entry}).encode())
+    described = described_tensors(folder)
+    assert described is None or all(tensor.is_meta for _, tensor in described)
+
+
+def test_an_index_naming_a_missing_file_leaves_the_folder_unchecked(tmp_path):
+    from vllm_spark2_5_plugin.spark2_5_checkpoint import described_tensors
+
+    index = {"weight_map": {"w": "model-00001-of-00002.safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert described_tensors(tmp_path) is None
+    assert described_tensors(None) is None

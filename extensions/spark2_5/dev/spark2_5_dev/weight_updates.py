@@ -209,16 +209,17 @@ class Served:
         }
 
 
-def _wrong_first_tensor(checkpoint: Path, tensors: dict[str, Any]) -> Path:
-    """A folder with ``checkpoint``'s config and ``tensors``, the first one vLLM reads
-    (by name) one row short: refused before any tensor loads."""
+def _wrong_last_tensor(checkpoint: Path, tensors: dict[str, Any]) -> Path:
+    """A folder with ``checkpoint``'s config and ``tensors``, the last one vLLM reads
+    (by name) one row short: refused from the headers before any tensor loads, where
+    reading the rest first would leave the engine on a mix of the two checkpoints."""
     from safetensors.torch import save_file
 
     folder = checkpoint.with_name(checkpoint.name + "-wrong-shape")
     folder.mkdir(exist_ok=True)
     shutil.copy(checkpoint / "config.json", folder)
-    first = min(tensors)
-    save_file({**tensors, first: tensors[first][:-1].contiguous()}, folder / "model.safetensors")
+    last = max(tensors)
+    save_file({**tensors, last: tensors[last][:-1].contiguous()}, folder / "model.safetensors")
     return folder
 
 
@@ -233,7 +234,7 @@ def _steps(served: Served, a: Path, b: Path, tensors: dict[str, dict]) -> dict[s
     steps["a_reload_iterator"] = served.generate()
     steps["wrong_shape_reload_error"] = _error_of(
         lambda: llm.collective_rpc(
-            "reload_weights", kwargs={"weights_path": str(_wrong_first_tensor(b, tensors["b"]))}
+            "reload_weights", kwargs={"weights_path": str(_wrong_last_tensor(b, tensors["b"]))}
         )
     )
     steps["a_after_wrong_shape_reload"] = served.generate()
