@@ -21,6 +21,7 @@ is never presented as a call)."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import itertools
 import json
 from typing import Any
@@ -32,9 +33,18 @@ from spark2_5_dev.tool_parsing import WEATHER_TOOL, chat_request, load_tokenizer
 from vllm_spark2_5_plugin.spark2_5_tool_parser import DeltaMessage
 
 pytestmark = pytest.mark.slow
-RESPONSES_PATH = "the Responses path tested is vLLM 0.32's (SimpleStreamingEventProcessor)"
+RESPONSES_PATH = (
+    "the Responses path tested is vLLM 0.32's (SimpleStreamingEventProcessor, "
+    "build_response_output_items); 0.23 has the first only"
+)
 
-if not streams_responses_through_parser():
+if not (
+    streams_responses_through_parser()
+    and hasattr(
+        importlib.import_module("vllm.entrypoints.openai.responses.utils"),
+        "build_response_output_items",
+    )
+):
     pytest.skip(RESPONSES_PATH, allow_module_level=True)
 
 TIME_TOOL = {
