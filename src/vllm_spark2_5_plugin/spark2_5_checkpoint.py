@@ -197,25 +197,30 @@ _HEADER_LENGTH_BYTES = 8
 def safetensors_damage(path: Path) -> str | None:
     """What is wrong with the safetensors file at ``path``, or None if its header is
     sound and its tensor data covers the rest of the file exactly."""
+    return _checked_header(path)[1]
+
+
+def _checked_header(path: Path) -> tuple[dict | None, str | None]:
+    """The safetensors file's header and None, or None and what is wrong with it."""
     try:
         size = path.stat().st_size
         with path.open("rb") as file:
             length_bytes = file.read(_HEADER_LENGTH_BYTES)
             if len(length_bytes) < _HEADER_LENGTH_BYTES:
-                return f"the file has {size} bytes, fewer than the 8-byte header length"
+                return None, f"the file has {size} bytes, fewer than the 8-byte header length"
             header_length = int.from_bytes(length_bytes, "little")
             if _HEADER_LENGTH_BYTES + header_length > size:
-                return (
+                return None, (
                     f"its header claims {header_length} bytes but the file has only {size} "
                     "bytes: it is truncated"
                 )
             header = json.loads(file.read(header_length))
     except OSError as exc:
-        return f"it cannot be read ({exc.strerror or exc})"
+        return None, f"it cannot be read ({exc.strerror or exc})"
     except (UnicodeDecodeError, json.JSONDecodeError):
-        return "its header is not valid JSON"
+        return None, "its header is not valid JSON"
     if not isinstance(header, dict):
-        return "its header is not a JSON object"
+        return None, "its header is not a JSON object"
     ends = [
         entry["data_offsets"][1]
         for key, entry in header.items()
@@ -223,11 +228,11 @@ def safetensors_damage(path: Path) -> str | None:
     ]
     data_size = size - _HEADER_LENGTH_BYTES - header_length
     if ends and max(ends) != data_size:
-        return (
+        return None, (
             f"its header places tensor data up to byte {max(ends)} of the data section, "
             f"which has {data_size} bytes: it is truncated or damaged"
         )
-    return None
+    return header, None
 
 
 def checkpoint_folder(model: str, revision: str | None, download_dir: str | None) -> Path | None:
@@ -280,9 +285,10 @@ def described_tensors(folder: Path | None) -> list[tuple[str, torch.Tensor]] | N
             files = sorted(folder.glob("*.safetensors"))
         described = []
         for path in files:
-            if safetensors_damage(path) is not None:
+            header, damage = _checked_header(path)
+            if damage is not None:
                 return None
-            for name, entry in _header(path).items():
+            for name, entry in header.items():
                 if name == "__metadata__":
                     continue
                 dtype = _SAFETENSORS_DTYPES[entry["dtype"]]
@@ -290,13 +296,6 @@ def described_tensors(folder: Path | None) -> list[tuple[str, torch.Tensor]] | N
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
         return None
     return described or None
-
-
-def _header(path: Path) -> dict:
-    """The JSON header of a safetensors file ``safetensors_damage`` found sound."""
-    with path.open("rb") as file:
-        length = int.from_bytes(file.read(_HEADER_LENGTH_BYTES), "little")
-        return json.loads(file.read(length))
 
 
 def refuse_damaged_files(folder: Path) -> None:
