@@ -272,6 +272,36 @@ def in_layerwise_reload(model: Any) -> bool:
     return info is not None and info.can_load()
 
 
+def keep_onednn_int8_scales(model: Any) -> int:
+    """Keep alive, for each of ``model``'s int8 layers on vLLM's oneDNN CPU kernel,
+    the tensors its latest oneDNN handler was built over; the layers so watched.
+
+    The kernel (``CPUInt8ScaledMMLinearKernel``, taken on x86 CPUs without AMX, where
+    vLLM's ``check_cpu_sgl_kernel`` says no) hands the handler its processed
+    ``weight_scale`` by pointer. A layerwise reload processes a layer again, copies
+    the results into the first load's tensors and drops the new ones: the new
+    handler then reads freed memory (NaN logits, seen on vLLM 0.32). Kept here
+    until the next reload of the layer replaces them. The AMX path and GPTQ's
+    CPU kernel compute with the layer's tensors and need none of this; neither
+    does any layer on a GPU, whose kernels have no such method.
+    """
+    watched = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "scheme", None), "kernel", None)
+        build = getattr(kernel, "process_weights_for_onednn", None)
+        if build is None or getattr(build, "keeps_inputs", False):
+            continue
+
+        def build_and_keep(layer: Any, build: Callable[[Any], None] = build) -> None:
+            build(layer)
+            layer.spark2_5_onednn_inputs = tuple(layer.parameters(recurse=False))
+
+        build_and_keep.keeps_inputs = True  # type: ignore[attr-defined]
+        kernel.process_weights_for_onednn = build_and_keep
+        watched += 1
+    return watched
+
+
 # --- tool-call parser -----------------------------------------------------------
 
 

@@ -234,6 +234,8 @@ class WeightIntake:
         )
         self.first_load_done = False
         self.session: CheckpointLedger | None = None
+        # Else an int8 layer reloaded on a CPU without AMX computes with freed scales.
+        compat.keep_onednn_int8_scales(model)
         # Packed parameter -> its parts pushed so far in this session, held back.
         self.held: dict[str, dict[str | int, tuple[str, torch.Tensor]]] = {}
 
@@ -258,9 +260,13 @@ class WeightIntake:
             names = [name for name, _ in islice(weights, NAMED)]
             raise Spark2_5CheckpointError(OUTSIDE_SESSION.format(names=", ".join(names)))
         if self.session is None:
-            self.session_started()
+            # Made at the session's first push, not when it starts: only now has
+            # vLLM put every layer back in the form it loads in. A kernel may have
+            # dropped a parameter after the first load (the oneDNN int8 kernel
+            # vLLM picks on CPUs without AMX releases ``weight``; CPUWNA16 drops
+            # symmetric GPTQ's ``qzeros``).
+            self.session = self.ledger()
         session = self.session
-        assert session is not None
         try:
             if listed:
                 weights = list(self.prepare(weights))
@@ -317,7 +323,7 @@ class WeightIntake:
             ledger.check(name, tensor)
 
     def session_started(self) -> None:
-        self.session = self.ledger()
+        self.session = None
         self.held.clear()
         self.folder_unchecked = self.model_config.model != self.loaded_from
 

@@ -224,8 +224,9 @@ def test_gptq_in_float32_is_refused_by_vllm_naming_the_dtype(quantized):
 
 @pytest.mark.usefixtures("vllm_model_env")
 def test_w8a8_int8_in_float32_runs_or_fails_with_vllms_kernel_error(quantized):
-    """vLLM 0.32's CPU int8 kernel refuses float32 activations (the documented
-    error); vLLM 0.23's runs them. Either way nothing else may happen."""
+    """vLLM 0.32's SGL int8 kernel (CPUs with AMX) refuses float32 activations (the
+    documented error); its oneDNN kernel (no AMX) and vLLM 0.23's run them. Either
+    way nothing else may happen."""
     checkpoint = quantized[quantize.W8A8_INT8]
     model = build_model(checkpoint, dtype="float32")
     model.load_weights(iter(checkpoint_tensors(checkpoint).items()))

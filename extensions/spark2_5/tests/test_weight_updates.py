@@ -137,10 +137,25 @@ def test_a_lora_engine_serves_its_adapter_on_the_updated_base(measured, step):
 
 @pytest.mark.parametrize("fmt", quantize.FORMATS)
 def test_a_quantized_checkpoint_reloads_to_what_a_fresh_engine_serves(measured, fmt):
-    """Tokens and log-probs identical, in both directions; the two checkpoints differ."""
-    result = measured[0]["quantized"][fmt]
-    assert result["a_and_b_differ"]
-    assert result["reloaded_equals_fresh"] == {"a": True, "b": True}
+    """Tokens and log-probs identical, in both directions, from a folder and tensor by
+    tensor, on every kernel path this CPU runs (``no-amx`` everywhere: vLLM's oneDNN
+    int8 kernel and GPTQ as W4A16; ``amx`` too where the CPU has it)."""
+    quantized = measured[0]["quantized"]
+    assert "no-amx" in quantized["cpu_paths"]
+    for path in quantized["cpu_paths"]:
+        result = quantized[f"{fmt}/{path}"]
+        assert result["a_and_b_differ"], path
+        assert result["reloaded_equals_fresh"] == {"a": True, "b": True}, (path, result)
+        if measured[0]["transfer_steps"]:
+            assert result["pushed_equals_fresh"] == {"a": True, "b": True}, (path, result)
+
+
+def test_the_no_amx_path_runs_vllms_onednn_int8_kernel(measured):
+    """The path whose reload needs ``compat.keep_onednn_int8_scales`` really ran."""
+    kernels = measured[0]["quantized"][f"{quantize.W8A8_INT8}/no-amx"]["kernels"]
+    if not kernels:
+        pytest.skip(f"vLLM {measured[0]['vllm']}: its int8 CPU kernel names no linear_method")
+    assert kernels == ["_apply_weights_onednn"]
 
 
 def test_the_documented_trainer_loop_changes_the_output(tmp_path):

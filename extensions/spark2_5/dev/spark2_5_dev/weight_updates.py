@@ -26,6 +26,8 @@ import gc
 import json
 import os
 import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -363,14 +365,61 @@ def run_lora_case(workdir: Path) -> dict[str, Any]:
     }
 
 
+def cpu_paths() -> tuple[str, ...]:
+    """The x86 kernel paths this CPU can run vLLM's quantized CPU layers on: ``amx``
+    (int8 through the SGL kernel, GPTQ as W4A8) where the CPU has AMX, and always
+    ``no-amx`` (int8 through oneDNN, GPTQ as W4A16: AVX2 and AVX-512 CPUs), which an
+    AMX CPU runs too when vLLM is told it has none."""
+    import torch
+
+    return ("amx", "no-amx") if torch.cpu._is_amx_tile_supported() else ("no-amx",)
+
+
+@contextmanager
+def kernel_path(path: str) -> Iterator[None]:
+    """vLLM picks its quantized CPU kernels by ``torch.cpu._is_amx_tile_supported()``
+    when a layer's weights are processed; ``no-amx`` answers False meanwhile."""
+    import torch
+
+    if path == "amx":
+        yield
+        return
+    amx = torch.cpu._is_amx_tile_supported
+    torch.cpu._is_amx_tile_supported = lambda: False
+    try:
+        yield
+    finally:
+        torch.cpu._is_amx_tile_supported = amx
+
+
+def quantized_kernels(llm: Any) -> list[str]:
+    """How the engine's quantized layers compute: the int8 kernel's method, or
+    whether GPTQ runs as W4A8."""
+
+    def kernels(model: Any) -> list[str]:
+        found = set()
+        for module in model.modules():
+            kernel = getattr(getattr(module, "scheme", None), "kernel", None)
+            if getattr(kernel, "linear_method", None) is not None:
+                found.add(kernel.linear_method.__name__)
+            if hasattr(module, "use_w4a8"):
+                found.add("gptq_w4a8" if module.use_w4a8 else "gptq_w4a16")
+        return sorted(found)
+
+    return llm.apply_model(kernels)[0]
+
+
 def run_quantized(workdir: Path) -> dict[str, Any]:
-    """For each quantized format: one engine per checkpoint (bfloat16), then a reload
-    to the other one, against the fresh engine on that other checkpoint."""
+    """For each quantized format and each kernel path this CPU runs: one engine per
+    checkpoint (bfloat16), then a reload from the other one's folder and, where the
+    weight-transfer engines run the session, a push of the first one's tensors one
+    by one, each against the fresh engine on the checkpoint that should serve."""
     from spark2_5_dev import quantize
     from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
     from spark2_5_dev.fixture import FIXTURE_CONFIG_OVERRIDES
+    from spark2_5_dev.reference import checkpoint_tensors
 
-    results = {}
+    results: dict[str, Any] = {"cpu_paths": cpu_paths()}
     for fmt in quantize.FORMATS:
         paths = {
             label: quantize.quantize_checkpoint(
@@ -383,20 +432,34 @@ def run_quantized(workdir: Path) -> dict[str, Any]:
             for label, seed in (("a", 3), ("b", 4))
         }
         batch = prompts(3, json.loads((paths["a"] / "config.json").read_text())["vocab_size"])
-        fresh, reloaded = {}, {}
-        for first, then in ("ab", "ba"):
-            llm = _engine(paths[first], dtype="bfloat16")
-            served = Served(llm, batch)
-            fresh[first] = served.generate()
-            llm.collective_rpc("reload_weights", kwargs={"weights_path": str(paths[then])})
-            reloaded[then] = served.generate()
-            del llm, served
-            gc.collect()
-        results[fmt] = {
-            "a_and_b_differ": fresh["a"] != fresh["b"],
-            "reloaded_equals_fresh": {label: reloaded[label] == fresh[label] for label in "ab"},
-        }
+        for path in results["cpu_paths"]:
+            with kernel_path(path):
+                results[f"{fmt}/{path}"] = _quantized_reloads(paths, batch, checkpoint_tensors)
     return results
+
+
+def _quantized_reloads(
+    paths: dict[str, Path], batch: list[list[int]], checkpoint_tensors: Callable[[Path], dict]
+) -> dict[str, Any]:
+    fresh, reloaded, pushed, kernels = {}, {}, {}, set()
+    for first, then in ("ab", "ba"):
+        llm = _engine(paths[first], dtype="bfloat16")
+        served = Served(llm, batch)
+        fresh[first] = served.generate()
+        kernels.update(quantized_kernels(llm))
+        llm.collective_rpc("reload_weights", kwargs={"weights_path": str(paths[then])})
+        reloaded[then] = served.generate()
+        if engines_own_the_session():
+            push(llm, checkpoint_tensors(paths[first]), per_tensor=True)
+            pushed[first] = served.generate()
+        del llm, served
+        gc.collect()
+    return {
+        "kernels": sorted(kernels),
+        "a_and_b_differ": fresh["a"] != fresh["b"],
+        "reloaded_equals_fresh": {label: reloaded[label] == fresh[label] for label in "ab"},
+        "pushed_equals_fresh": {label: pushed[label] == fresh[label] for label in pushed},
+    }
 
 
 def run_all(workdir: str | Path, cases: tuple[UpdateCase, ...] = CASES) -> dict[str, Any]:
