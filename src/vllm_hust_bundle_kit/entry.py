@@ -61,6 +61,20 @@ def _host_version(gate: CarrierGate) -> str:
         return "not installed"
 
 
+def _outside_verified_range(gate: CarrierGate, host_version: str) -> str | None:
+    """The warning for a host the carrier was not verified on, or None inside the range."""
+    from vllm_hust_bundle_kit.versions import host_in_range  # enabled processes only
+
+    if host_in_range(host_version, gate.host_range):
+        return None
+    return (
+        f"{gate.host_name} {host_version} is outside the verified range {gate.host_range}; "
+        "the carrier runs, but nothing it does was tested on this release. What was "
+        f"verified, and what the extension manager would do: `vllm-hust-bundle inspect "
+        f"{gate.bundle_id}`"
+    )
+
+
 def carrier_entry_point(
     *,
     name: str,
@@ -97,12 +111,16 @@ def carrier_entry_point(
                     "with vllm-hust-ext",
                 ]
             else:
+                host_version = _host_version(gate)
+                outside = _outside_verified_range(gate, host_version)
+                if outside:
+                    log_line(logger, logging.WARNING, "%s: %s", name, outside)
                 details = [
                     "enabled=1",
                     f"via={decision.source}",
                     *register_enabled(decision),
-                    f"{gate.host_name}={_host_version(gate)}",
-                    f"verified={gate.host_range}",
+                    f"{gate.host_name}={host_version}",
+                    f"verified={gate.host_range}" + (" (outside it)" if outside else ""),
                 ]
             log_line(logger, logging.INFO, LOAD_LINE, name, ", ".join(details))
         except Exception as exc:  # vLLM must keep starting whatever happens here
