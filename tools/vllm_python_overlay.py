@@ -100,7 +100,8 @@ def main(argv: list[str]) -> int:
     package = site_packages / "vllm"
     if installed_release(package) != release:
         overlay(wheel, package)
-    print("\n".join(unmet_requirements(wheel)))
+    for requirement in unmet_requirements(wheel):
+        print(requirement)
     return 0
 
 

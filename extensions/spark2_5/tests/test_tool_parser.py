@@ -37,7 +37,6 @@ from vllm_spark2_5_plugin.spark2_5_tool_parser import (
     value_json,
 )
 
-
 pytestmark = pytest.mark.contract
 
 
