@@ -301,7 +301,10 @@ import vllm.envs as envs
 omp = importlib.util.find_spec("vllm.utils.ompmultiprocessing").origin
 print(json.dumps({
     "copy_list": "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY" in envs.environment_variables,
-    "v2_by_default": envs.environment_variables["VLLM_USE_RAY_V2_EXECUTOR_BACKEND"](),
+    # 0.23 to 0.32 choose the executor with this variable, V2 by default; 0.33 has only V2.
+    "v2_by_default": envs.environment_variables.get(
+        "VLLM_USE_RAY_V2_EXECUTOR_BACKEND", lambda: True
+    )(),
     "ray_env": inspect.getsource(importlib.import_module("vllm.ray.ray_env")),
     "omp": open(omp, encoding="utf-8").read(),
 }))

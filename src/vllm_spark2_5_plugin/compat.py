@@ -440,9 +440,9 @@ def copy_to_ray_actors(names: Iterable[str]) -> list[str]:
     names added (none where this vLLM has no such list).
 
     The V2 Ray executor (the default) copies the whole driver environment, filling
-    in only what a node lacks. The older Ray executor (``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``)
-    and the data-parallel engine-core actors copy vLLM's own variables, a few
-    prefixes and the names in ``VLLM_RAY_EXTRA_ENV_VARS_TO_COPY`` (0.23 to 0.32
+    in only what a node lacks. The older Ray executor (``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``,
+    0.23 to 0.32) and the data-parallel engine-core actors copy vLLM's own variables, a
+    few prefixes and the names in ``VLLM_RAY_EXTRA_ENV_VARS_TO_COPY`` (0.23 to 0.33
     alike): the names are appended to that list, after the operator's own. Done
     when this process imports ``vllm.envs`` (right away where it has), which every
     process that starts Ray actors does first; the list returned is filled then.

@@ -3,8 +3,8 @@
 vLLM's CPU build refuses Ray executors, so ``spark2_5_dev.ray_workers`` runs
 vLLM's own ``RayWorkerWrapper`` in real Ray actors and hands each one the
 driver's environment by one of vLLM's rules: the V2 executor's (the whole
-environment, filling in what the node lacks), the older executor's and the
-data-parallel engine-core actors' (vLLM's copy list). Each worker then runs
+environment, filling in what the node lacks), the older executor's (0.23 to
+0.32) and the data-parallel engine-core actors' (vLLM's copy list). Each worker then runs
 ``init_worker``, where it loads its plugins, and reports whether
 ``Spark2_5ForCausalLM`` resolves there.
 """
@@ -25,7 +25,9 @@ from vllm_hust_bundle_kit.contract import ENABLED_BUNDLES_ENVS, PLUGINS_ENV
 from vllm_spark2_5_plugin._registration import ARCHITECTURE
 from vllm_spark2_5_plugin.compat import RAY_EXTRA_ENV_VARS
 
-RULES = ("v2_executor", "ray_executor", "dp_engine_actor")
+# Rules that hand actors only the names on vLLM's copy list (the older executor:
+# 0.23 to 0.32).
+COPY_LIST_RULES = ("ray_executor", "dp_engine_actor")
 LIST = ENABLED_BUNDLES_ENVS[0]
 
 
@@ -95,12 +97,12 @@ def test_the_copy_list_is_extended_when_vllm_loads_and_vllm_is_not_imported_for_
 def test_the_switch_reaches_the_workers_of_every_executor(spark_chat_model):
     """`SPARK2_5_PLUGIN_ENABLE=1 vllm serve ...` on the head; the Ray node never saw it."""
     report = workers(spark_chat_model, {ENABLE_ENV: "1"}, control=True)
-    # Without the carrier's entry in vLLM's copy list, the older executor drops the switch.
-    control = report["control_ray_executor"]
+    # Without the carrier's entry in vLLM's copy list, a copy-list rule drops the switch.
+    control = report["control_copy_list"]
     assert control["environment"][ENABLE_ENV] is None
     assert ARCHITECTURE in control["resolve_error"]
     assert report["driver_copy_list"] == ENABLE_ENV
-    for rule in RULES:
+    for rule in report["rules"]:
         assert report[rule]["environment"][ENABLE_ENV] == "1", rule
         assert report[rule]["resolve_error"] is None, (rule, report[rule])
 
@@ -115,13 +117,13 @@ def test_under_the_manager_each_worker_gets_the_bundle_list_and_the_node_keeps_i
     report = workers(spark_chat_model, gate, node={ENABLE_ENV: "0"})
     # The operator's own entries stay first; the carrier adds its variables after them.
     assert report["driver_copy_list"] == f"OPERATORS_FLAG,{ENABLE_ENV},{LIST}"
-    for rule in RULES:
+    for rule in report["rules"]:
         assert report[rule]["environment"][LIST] == BUNDLE_ID, rule
     # The V2 executor fills in only what the node lacks: its 0 stays, and wins over the list.
     assert report["v2_executor"]["environment"][ENABLE_ENV] == "0"
     assert ARCHITECTURE in report["v2_executor"]["resolve_error"]
     # The older executor and the engine-core actors give the driver's value precedence
     # (vLLM's rule for every variable it copies): the carrier is on there.
-    for rule in ("ray_executor", "dp_engine_actor"):
+    for rule in set(COPY_LIST_RULES) & set(report["rules"]):
         assert report[rule]["environment"][ENABLE_ENV] == "1", rule
         assert report[rule]["resolve_error"] is None, (rule, report[rule])

@@ -41,4 +41,29 @@ def streams_responses_through_parser() -> bool:
     return hasattr(events, "SimpleStreamingEventProcessor")
 
 
+def ends_incomplete_responses_with_their_own_event() -> bool:
+    """Whether a Responses stream whose response is incomplete ends with a
+    ``response.incomplete`` event (vLLM 0.33) instead of ``response.completed``
+    carrying status ``incomplete`` (0.32); the openai SDK's stream helper then has
+    no final response (``get_final_response()`` raises)."""
+    try:
+        protocol = importlib.import_module("vllm.entrypoints.openai.responses.protocol")
+    except ImportError:
+        return False
+    return hasattr(protocol, "ResponseIncompleteEvent")
+
+
+def cpu_lora_ops_skip_requests_without_an_adapter() -> bool:
+    """Whether vLLM's CPU (torch) LoRA ops leave the rows of requests without an
+    adapter (index -1) alone (vLLM 0.33); before, -1 indexed the last slot, so with
+    every slot taken those requests got the last slot's adapter. Run, not read: one
+    expand with index -1 into zeros."""
+    import torch
+    from vllm.lora.ops.torch_ops import bgmv_expand
+
+    output = torch.zeros(1, 4)
+    bgmv_expand(torch.ones(1, 2), torch.ones(1, 4, 2), output, torch.tensor([-1]))
+    return bool((output == 0).all())
+
+
 FORCED_CALL_REFUSAL = "this vLLM has no structural tag for Spark2_5's call format"

@@ -6,11 +6,11 @@ every actor it starts, keeps that environment), then sets the gate here as the
 shell that launches vLLM would, and loads vLLM's general plugins: the carrier,
 enabled, extends vLLM's copy list. For each rule by which the installed vLLM
 hands the driver's environment to Ray actors it starts one ``RayWorkerWrapper``
-actor, gives it the environment by that rule, runs ``init_worker`` (where a
-worker loads its plugins) and reports what the worker saw: the carrier's
-variables and whether ``Spark2_5ForCausalLM`` resolves there. vLLM's CPU build
-refuses Ray executors, so the executors themselves cannot run here; these are
-their calls. Prints one JSON object, rule -> report.
+actor (``WorkerWrapperBase`` on 0.33), gives it the environment by that rule,
+runs ``init_worker`` (where a worker loads its plugins) and reports what the
+worker saw: the carrier's variables and whether ``Spark2_5ForCausalLM``
+resolves there. vLLM's CPU build refuses Ray executors, so the executors
+themselves cannot run here; these are their calls. Prints one JSON object, rule -> report.
 """
 
 from __future__ import annotations
@@ -49,9 +49,18 @@ def _fill_in(wrapper: Any, driver_env: dict[str, str]) -> None:
         os.environ.setdefault(key, value)
 
 
+def has_older_ray_executor() -> bool:
+    """vLLM 0.23 to 0.32 keep the Ray executor before V2 (``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``);
+    0.33 removed it."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm.v1.executor.ray_executor") is not None
+
+
 def _rules() -> dict[str, Callable[[], tuple[dict, Callable]]]:
     """Each copy rule of the installed vLLM: actor options, then how the actor gets the
-    environment before ``init_worker``. All of 0.23 to 0.32 have the three."""
+    environment before ``init_worker``. 0.23 to 0.32 have the three, 0.33 has no
+    older executor."""
     import cloudpickle
     from ray.runtime_env import RuntimeEnv
     from vllm.platforms import current_platform
@@ -81,20 +90,35 @@ def _rules() -> dict[str, Callable[[], tuple[dict, Callable]]]:
         )
         return {"runtime_env": RuntimeEnv(env_vars=present(names))}, lambda actor: None
 
-    return {
-        "v2_executor": v2_executor,
-        "ray_executor": ray_executor,
-        "dp_engine_actor": dp_engine_actor,
-    }
+    rules = {"v2_executor": v2_executor, "dp_engine_actor": dp_engine_actor}
+    if has_older_ray_executor():
+        rules["ray_executor"] = ray_executor
+    return rules
+
+
+def _worker_class() -> type:
+    """vLLM's ``RayWorkerWrapper`` (0.23 to 0.32); on 0.33, which removed it, its base
+    ``WorkerWrapperBase`` (what the V2 executor's workers run) with the same
+    ``execute_method``."""
+    try:
+        from vllm.v1.executor.ray_utils import RayWorkerWrapper
+    except ImportError:
+        from vllm.v1.serial_utils import run_method
+        from vllm.v1.worker.worker_base import WorkerWrapperBase
+
+        class RayWorkerWrapper(WorkerWrapperBase):
+            def execute_method(self, method: str | bytes, *args: Any, **kwargs: Any) -> Any:
+                return run_method(self, method, args, kwargs)
+
+    return RayWorkerWrapper
 
 
 def _run_worker(rule: Callable, vllm_config: Any, names: list[str]) -> dict[str, Any]:
     import cloudpickle
     import ray
-    from vllm.v1.executor.ray_utils import RayWorkerWrapper
 
     options, hand_over = rule()
-    actor = ray.remote(num_cpus=0, **options)(RayWorkerWrapper).remote(rpc_rank=0)
+    actor = ray.remote(num_cpus=0, **options)(_worker_class()).remote(rpc_rank=0)
     try:
         pending = hand_over(actor)
         if pending is not None:
@@ -126,10 +150,10 @@ def _workers(model: str, names: list[str], rules: list[str], control: bool) -> d
     )
     vllm_config = engine_args.create_engine_config()
     by_name = _rules()
-    report: dict[str, Any] = {"driver_copy_list": carriers_list}
-    if control:  # vLLM's older executor with the copy list as the operator left it
+    report: dict[str, Any] = {"driver_copy_list": carriers_list, "rules": list(by_name)}
+    if control:  # a copy-list rule with the list as the operator left it
         _set(COPY_LIST, operators_list)
-        report["control_ray_executor"] = _run_worker(by_name["ray_executor"], vllm_config, names)
+        report["control_copy_list"] = _run_worker(by_name["dp_engine_actor"], vllm_config, names)
         _set(COPY_LIST, carriers_list)
     for name in rules or list(by_name):
         report[name] = _run_worker(by_name[name], vllm_config, names)
