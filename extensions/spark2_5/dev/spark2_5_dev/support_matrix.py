@@ -4,8 +4,9 @@
 ``docs/support-matrix.md`` with one row per record in ``matrix-records/``
 (``--check``: exit 1 if the doc differs). A record of a whole-suite run that
 passed is **run** inside the manifest's range and **run, not in range** outside
-it; one that failed is **unsupported** and names its failures. Records written
-before run-matrix wrote records (``summary``) carry the row's text as it was.
+it; one that failed is **unsupported** and names its failures; one with suite
+``none`` is **not run**. Records written before run-matrix wrote records
+(``summary``) carry the row's text as it was.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def records() -> list[dict[str, Any]]:
 
 
 def status(record: dict[str, Any], version_range: str) -> str:
+    if record["suite"] == "none":
+        return "not run"
     if record["exit_code"] != 0:
         return "unsupported"
     inside = host_in_range(f"{record['release']}+cpu", version_range)
