@@ -34,11 +34,9 @@ def streams_responses_through_parser() -> bool:
     """Whether the Responses API streams through vLLM's serving-layer parser and its
     ``SimpleStreamingEventProcessor`` (vLLM 0.32), the path the Responses tests and
     ``docs/tool-calling.md`` describe; earlier releases have other Responses code."""
-    try:
-        events = importlib.import_module("vllm.entrypoints.openai.responses.streaming_events")
-    except ImportError:
-        return False
-    return hasattr(events, "SimpleStreamingEventProcessor")
+    return _module_has(
+        "vllm.entrypoints.openai.responses.streaming_events", "SimpleStreamingEventProcessor"
+    )
 
 
 def ends_incomplete_responses_with_their_own_event() -> bool:
@@ -46,11 +44,7 @@ def ends_incomplete_responses_with_their_own_event() -> bool:
     ``response.incomplete`` event (vLLM 0.33) instead of ``response.completed``
     carrying status ``incomplete`` (0.32); the openai SDK's stream helper then has
     no final response (``get_final_response()`` raises)."""
-    try:
-        protocol = importlib.import_module("vllm.entrypoints.openai.responses.protocol")
-    except ImportError:
-        return False
-    return hasattr(protocol, "ResponseIncompleteEvent")
+    return _module_has("vllm.entrypoints.openai.responses.protocol", "ResponseIncompleteEvent")
 
 
 def cpu_lora_ops_skip_requests_without_an_adapter() -> bool:
@@ -64,6 +58,13 @@ def cpu_lora_ops_skip_requests_without_an_adapter() -> bool:
     output = torch.zeros(1, 4)
     bgmv_expand(torch.ones(1, 2), torch.ones(1, 4, 2), output, torch.tensor([-1]))
     return bool((output == 0).all())
+
+
+def _module_has(module_name: str, attribute: str) -> bool:
+    try:
+        return hasattr(importlib.import_module(module_name), attribute)
+    except ImportError:
+        return False
 
 
 FORCED_CALL_REFUSAL = "this vLLM has no structural tag for Spark2_5's call format"
