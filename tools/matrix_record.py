@@ -3,8 +3,9 @@
     python tools/matrix_record.py JUNIT_XML OUT_JSON key=value ...
 
 Reads pytest's JUnit XML and writes a JSON record: the keys given (release,
-kernels, suite, torch, python, minutes, exit_code, ...), the commit the suite
-ran at (``+dirty`` when the work tree had changes), the date, the machine's CPU,
+kernels, suite, torch, python, minutes, exit_code, commit, ...), the commit
+(when not given, the one checked out now, ``+dirty`` when the work tree has
+changes), the date, the machine's CPU,
 the test counts and the id of every test that failed or errored. The support
 matrix is rendered from these records (``spark2_5_dev.support_matrix``).
 """
@@ -38,6 +39,7 @@ def outcomes(junit: Path) -> tuple[dict[str, int], list[str]]:
 
 
 def commit() -> str:
+    """The commit checked out; run-matrix reads it before the suite starts."""
     head = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
@@ -61,7 +63,7 @@ def main(argv: list[str]) -> int:
     record.update(
         exit_code=int(record.get("exit_code", 1)),
         minutes=int(record.get("minutes", 0)),
-        commit=commit(),
+        commit=record.get("commit") or commit(),
         date=datetime.date.today().isoformat(),
         cpu=cpu_model(),
         counts=counts,
