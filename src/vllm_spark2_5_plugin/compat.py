@@ -135,6 +135,18 @@ def attention_cls() -> type:
     return importlib.import_module("vllm.model_executor.layers.attention").Attention
 
 
+def attention_reads_stale_kv_slots() -> bool:
+    """Whether this platform's attention reads the stale slots of reused KV-cache
+    blocks, weighted zero: vLLM's CPU attention (0.23 to 0.33). There 0 * NaN is
+    NaN, so the NaN keys or values of one request whose activations overflow (a
+    damaged LoRA adapter) would corrupt every later request that reuses its blocks,
+    and the model writes only finite ones. Off on other platforms (GPU backends were
+    not run here), where the guard would cost kernels per layer and hide NaNs."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
 def get_rope(
     head_size: int, max_position: int, rope_theta: float, partial_rotary_factor: float
 ) -> Any:

@@ -181,16 +181,16 @@ class Spark2_5Attention(nn.Module):
             ),
             prefix=f"{prefix}.attn",
         )
+        # Only finite keys and values may enter the KV cache where the attention
+        # reads stale slots of reused blocks (compat says where and why).
+        self.finite_kv_only = compat.attention_reads_stale_kv_slots()
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv, _ = self.q_k_v_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
-        # Only finite keys and values enter the KV cache: vLLM's CPU attention (0.32)
-        # reads stale slots of reused blocks with weight zero, and 0 * NaN is NaN, so
-        # the NaN of one request whose activations overflow (a damaged LoRA adapter)
-        # would corrupt every later request that reuses its blocks.
-        k, v = _finite(k), _finite(v)
+        if self.finite_kv_only:
+            k, v = _finite(k), _finite(v)
         attn_output = self.attn(q, k, v)
         if self.g_proj is not None:
             gate, _ = self.g_proj(hidden_states)

@@ -172,3 +172,11 @@ def test_quantized_checkpoint_names_follow_the_quantization_methods_mapper():
     # Without quantization, or a method without the hook (older releases): unchanged.
     assert list(compat.quantized_checkpoint_names(None, iter(weights))) == weights
     assert list(compat.quantized_checkpoint_names(object(), iter(weights))) == weights
+
+
+def test_the_finite_kv_guard_is_on_exactly_where_the_attention_reads_stale_slots():
+    """On vLLM's CPU build (these tests) the guard is on; compat decides by platform."""
+    from vllm.platforms import current_platform
+
+    assert current_platform.is_cpu()
+    assert compat.attention_reads_stale_kv_slots() is True
