@@ -284,6 +284,33 @@ def in_layerwise_reload(model: Any) -> bool:
     return info is not None and info.can_load()
 
 
+# vLLM CPU kernel class -> the op of vLLM's CPU kernel library it computes with.
+CPU_KERNEL_OPS = {"CPUWNA16LinearKernel": "cpu_gemm_wna16"}
+
+
+def refuse_missing_cpu_kernel_ops(model: Any) -> None:
+    """Refuse, naming it, a quantized layer whose vLLM CPU kernel calls an op that the
+    kernel library this CPU loaded lacks: vLLM 0.32's library for AVX2 CPUs
+    (``_C_AVX2``) has no ``cpu_gemm_wna16``, which its GPTQ/AWQ 4-bit kernel calls, so
+    vLLM would fail at its first forward pass with an ``AttributeError``."""
+    import torch
+
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        kernel = getattr(method, "kernel", None) or getattr(
+            getattr(module, "scheme", None), "kernel", None
+        )
+        op = CPU_KERNEL_OPS.get(type(kernel).__name__)
+        if op is not None and not hasattr(torch.ops._C, op):
+            raise RuntimeError(
+                f"{name}: vLLM computes this {type(method).__name__} layer with "
+                f"{type(kernel).__name__}, which calls torch.ops._C.{op}, and vLLM's CPU "
+                f"kernel library for this CPU has no {op} (vLLM builds it only for AVX-512 "
+                "and newer x86 CPUs). Serve a bfloat16 or W8A8 int8 checkpoint here, or use "
+                "a CPU with AVX-512"
+            )
+
+
 def keep_onednn_int8_scales(model: Any) -> int:
     """Keep alive, for each of ``model``'s int8 layers on vLLM's oneDNN CPU kernel,
     the tensors its latest oneDNN handler was built over; the layers so watched.

@@ -334,6 +334,7 @@ class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         else:
             self.lm_head = PPMissingLayer()
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
+        compat.refuse_missing_cpu_kernel_ops(self)
         model_config, load_config = vllm_config.model_config, vllm_config.load_config
         # Where vLLM reads the weights from, to name a damaged file should reading
         # fail; looked up then, as reload_weights(weights_path=...) repoints it.

@@ -150,6 +150,32 @@ def test_a_quantized_checkpoint_reloads_to_what_a_fresh_engine_serves(measured, 
             assert result["pushed_equals_fresh"] == {"a": True, "b": True}, (path, result)
 
 
+@pytest.fixture(scope="module")
+def on_avx2(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The quantized reloads again, in a process whose vLLM takes an AVX2 CPU's path."""
+    workdir = tmp_path_factory.mktemp("weight-updates-avx2")
+    args = ["--quantized-only", "--as-avx2-cpu"]
+    return run_driver("spark2_5_dev.weight_updates", args, workdir, timeout=900, name="avx2")
+
+
+@pytest.mark.parametrize("fmt", quantize.FORMATS)
+def test_a_quantized_checkpoint_reloads_the_same_on_vllms_avx2_kernels(on_avx2, fmt):
+    """Or, where vLLM's AVX2 kernel library lacks the format's op (GPTQ's
+    ``cpu_gemm_wna16`` in 0.23 to 0.33), the model refuses it naming the op."""
+    assert "_C_AVX2.abi3.so" in on_avx2["kernel_libraries"], on_avx2["kernel_libraries"]
+    assert on_avx2["quantized"]["cpu_paths"] == ["no-amx"]
+    result = on_avx2["quantized"][f"{fmt}/no-amx"]
+    if "refused" in result:
+        assert fmt == quantize.GPTQ_INT4, result
+        assert "torch.ops._C.cpu_gemm_wna16" in result["refused"]
+        assert "Serve a bfloat16 or W8A8 int8 checkpoint" in result["refused"]
+        return
+    assert result["a_and_b_differ"]
+    assert result["reloaded_equals_fresh"] == {"a": True, "b": True}, result
+    if on_avx2["transfer_steps"]:
+        assert result["pushed_equals_fresh"] == {"a": True, "b": True}, result
+
+
 def test_the_no_amx_path_runs_vllms_onednn_int8_kernel(measured):
     """The path whose reload needs ``compat.keep_onednn_int8_scales`` really ran."""
     kernels = measured[0]["quantized"][f"{quantize.W8A8_INT8}/no-amx"]["kernels"]

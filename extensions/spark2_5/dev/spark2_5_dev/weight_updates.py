@@ -434,7 +434,11 @@ def run_quantized(workdir: Path) -> dict[str, Any]:
         batch = prompts(3, json.loads((paths["a"] / "config.json").read_text())["vocab_size"])
         for path in results["cpu_paths"]:
             with kernel_path(path):
-                results[f"{fmt}/{path}"] = _quantized_reloads(paths, batch, checkpoint_tensors)
+                try:
+                    results[f"{fmt}/{path}"] = _quantized_reloads(paths, batch, checkpoint_tensors)
+                except RuntimeError as refused:  # vLLM has no kernel for it on this CPU
+                    results[f"{fmt}/{path}"] = {"refused": str(refused)}
+                    gc.collect()
     return results
 
 
@@ -462,7 +466,26 @@ def _quantized_reloads(
     }
 
 
-def run_all(workdir: str | Path, cases: tuple[UpdateCase, ...] = CASES) -> dict[str, Any]:
+def as_avx2_cpu() -> None:
+    """Make this process's vLLM take what it takes on an x86 CPU with AVX2 only: its
+    ``_C_AVX2`` kernel library, the AVX2 attention, oneDNN linears. vLLM decides by
+    ``torch.cpu``'s ISA probes, so those answer no for AVX-512 and AMX; call it
+    before vLLM loads its kernels. Only narrowing is possible: the CPU runs AVX2."""
+    import torch
+
+    for probe in ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_amx_tile_supported"):
+        setattr(torch.cpu, probe, lambda: False)
+
+
+def kernel_libraries() -> list[str]:
+    """vLLM's CPU kernel libraries this process has loaded."""
+    maps = Path("/proc/self/maps").read_text()
+    return sorted({Path(line.split()[-1]).name for line in maps.splitlines() if "/vllm/_C" in line})
+
+
+def run_all(
+    workdir: str | Path, cases: tuple[UpdateCase, ...] = CASES, quantized_only: bool = False
+) -> dict[str, Any]:
     for name, value in ENGINE_ENV.items():
         os.environ.setdefault(name, value)
     import torch
@@ -471,13 +494,12 @@ def run_all(workdir: str | Path, cases: tuple[UpdateCase, ...] = CASES) -> dict[
     torch.set_num_threads(1)
     if engines_own_the_session():
         register_in_memory_transfer()
-    return {
-        "vllm": vllm.__version__,
-        "transfer_steps": engines_own_the_session(),
-        "cases": {case.name: run_case(case, Path(workdir)) for case in cases},
-        "lora": run_lora_case(Path(workdir)),
-        "quantized": run_quantized(Path(workdir)),
-    }
+    result = {"vllm": vllm.__version__, "transfer_steps": engines_own_the_session()}
+    if not quantized_only:
+        result["cases"] = {case.name: run_case(case, Path(workdir)) for case in cases}
+        result["lora"] = run_lora_case(Path(workdir))
+    result["quantized"] = run_quantized(Path(workdir))
+    return {**result, "kernel_libraries": kernel_libraries()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -486,8 +508,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--workdir", type=Path, required=True, help="where checkpoints go")
     parser.add_argument("--out", type=Path, required=True, help="JSON file for the results")
+    parser.add_argument("--quantized-only", action="store_true", help="only run_quantized")
+    parser.add_argument("--as-avx2-cpu", action="store_true", help="see as_avx2_cpu")
     args = parser.parse_args(argv)
-    args.out.write_text(json.dumps(run_all(args.workdir), indent=2) + "\n")
+    if args.as_avx2_cpu:
+        as_avx2_cpu()
+    result = run_all(args.workdir, quantized_only=args.quantized_only)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":
