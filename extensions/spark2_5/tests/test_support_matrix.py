@@ -74,8 +74,8 @@ def test_the_range_is_exactly_the_contiguous_run_span():
     ("host_version", "inside"),
     [
         ("0.32.0+cpu", True),  # the local label is ignored by ordered bounds
-        ("0.33.0", False),  # the exclusive upper bound
-        ("0.33.0rc1", False),  # and the upper bound's own pre-releases
+        ("0.34.0", False),  # the exclusive upper bound
+        ("0.34.0rc1", False),  # and the upper bound's own pre-releases
         ("0.22.0", False),  # below the oldest release that ran
     ],
 )
