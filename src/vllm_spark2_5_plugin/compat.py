@@ -288,6 +288,18 @@ def in_layerwise_reload(model: Any) -> bool:
 CPU_KERNEL_OPS = {"CPUWNA16LinearKernel": "cpu_gemm_wna16"}
 
 
+def _quantized_kernels(model: Any) -> Iterable[tuple[str, Any, Any]]:
+    """Each layer whose quantization method computes through a vLLM linear kernel:
+    its name, its method and the kernel (GPTQ keeps it on the method, compressed-
+    tensors on the layer's scheme)."""
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        scheme = getattr(module, "scheme", None)
+        kernel = getattr(method, "kernel", None) or getattr(scheme, "kernel", None)
+        if kernel is not None:
+            yield name, method, kernel
+
+
 def refuse_missing_cpu_kernel_ops(model: Any) -> None:
     """Refuse, naming it, a quantized layer whose vLLM CPU kernel calls an op that the
     kernel library this CPU loaded lacks: vLLM 0.32's library for AVX2 CPUs
@@ -295,11 +307,7 @@ def refuse_missing_cpu_kernel_ops(model: Any) -> None:
     vLLM would fail at its first forward pass with an ``AttributeError``."""
     import torch
 
-    for name, module in model.named_modules():
-        method = getattr(module, "quant_method", None)
-        kernel = getattr(method, "kernel", None) or getattr(
-            getattr(module, "scheme", None), "kernel", None
-        )
+    for name, method, kernel in _quantized_kernels(model):
         op = CPU_KERNEL_OPS.get(type(kernel).__name__)
         if op is not None and not hasattr(torch.ops._C, op):
             raise RuntimeError(
@@ -311,9 +319,9 @@ def refuse_missing_cpu_kernel_ops(model: Any) -> None:
             )
 
 
-def keep_onednn_int8_scales(model: Any) -> int:
+def keep_onednn_int8_scales(model: Any) -> None:
     """Keep alive, for each of ``model``'s int8 layers on vLLM's oneDNN CPU kernel,
-    the tensors its latest oneDNN handler was built over; the layers so watched.
+    the tensors its latest oneDNN handler was built over.
 
     The kernel (``CPUInt8ScaledMMLinearKernel``, taken on x86 CPUs without AMX, where
     vLLM's ``check_cpu_sgl_kernel`` says no) hands the handler its processed
@@ -324,9 +332,7 @@ def keep_onednn_int8_scales(model: Any) -> int:
     CPU kernel compute with the layer's tensors and need none of this; neither
     does any layer on a GPU, whose kernels have no such method.
     """
-    watched = 0
-    for module in model.modules():
-        kernel = getattr(getattr(module, "scheme", None), "kernel", None)
+    for _, _, kernel in _quantized_kernels(model):
         build = getattr(kernel, "process_weights_for_onednn", None)
         if build is None or getattr(build, "keeps_inputs", False):
             continue
@@ -337,8 +343,6 @@ def keep_onednn_int8_scales(model: Any) -> int:
 
         build_and_keep.keeps_inputs = True  # type: ignore[attr-defined]
         kernel.process_weights_for_onednn = build_and_keep
-        watched += 1
-    return watched
 
 
 # --- tool-call parser -----------------------------------------------------------
