@@ -31,6 +31,7 @@ import string
 import tempfile
 import time
 
+import common  # noqa: F401  (puts the dev helpers on the path)
 import vllm
 import xgrammar as xgr
 from transformers import AutoTokenizer

@@ -41,6 +41,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 
+import common  # noqa: F401  (puts the dev helpers on the path)
 import vllm
 from transformers import AutoTokenizer
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest

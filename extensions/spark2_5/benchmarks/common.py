@@ -21,9 +21,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from carrier_harness.server import CPU_SERVE_ENV
-
 ROOT = Path(__file__).resolve().parents[3]  # the repository
+# The dev helpers (the harness, spark2_5_dev) for this script and the processes it starts.
+sys.path.insert(0, str(ROOT / "tools"))
+import dev_pythonpath  # noqa: E402
+
+dev_pythonpath.install()
+
+from carrier_harness.server import CPU_SERVE_ENV  # noqa: E402
 
 # What a real vLLM needs on the project's 2-core CPU machines.
 CPU_ENGINE_ENV = CPU_SERVE_ENV
