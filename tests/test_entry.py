@@ -13,7 +13,7 @@ from importlib.metadata import version
 import pytest
 
 from vllm_hust_bundle_kit.entry import carrier_entry_point
-from vllm_hust_bundle_kit.gate import CarrierGate
+from vllm_hust_bundle_kit.switch import CarrierSwitch
 
 HOST = "packaging"
 INSTALLED = version(HOST)
@@ -21,7 +21,7 @@ MAJOR = int(INSTALLED.split(".")[0])
 
 
 def enabled_register(host_range: str):
-    gate = CarrierGate(
+    switch = CarrierSwitch(
         bundle_id="org.example.ranged",
         enable_env="RANGED_CARRIER_ENABLE",
         override_env="RANGED_CARRIER_OVERRIDE",
@@ -32,7 +32,7 @@ def enabled_register(host_range: str):
     return carrier_entry_point(
         name="ranged-carrier",
         logger_name="vllm.ranged_carrier",
-        load_gate=lambda: gate,
+        load_switch=lambda: switch,
         register_enabled=lambda decision: ["registered=model:Ranged"],
     )
 

@@ -24,15 +24,15 @@ from carrier_harness.manager import (
 from vllm_hust_bundle_kit.contract import ENABLED_BUNDLES_ENVS, STATE_ENV
 
 GATE_PROBE = (
-    "import json, os, sys; from vllm_hust_bundle_kit.gate import CarrierGate; "
-    "gate = CarrierGate.from_bundle_package(*sys.argv[1:4]); d = gate.decide(); "
-    "seen = os.environ.get(gate.enable_env); "
+    "import json, os, sys; from vllm_hust_bundle_kit.switch import CarrierSwitch; "
+    "switch = CarrierSwitch.from_bundle_package(*sys.argv[1:4]); d = switch.decide(); "
+    "seen = os.environ.get(switch.enable_env); "
     "print(json.dumps({'enabled': d.enabled, 'source': d.source, 'seen': seen}))"
 )
 
 
-def gate_probe(bundle) -> list[str]:
-    """A command printing the carrier gate's decision in the process it runs in."""
+def switch_probe(bundle) -> list[str]:
+    """A command printing the carrier switch's decision in the process it runs in."""
     package = bundle.manifest_path.parent.relative_to(bundle.distribution.package_root)
     (carrier,) = bundle.carriers()
     return [sys.executable, "-c", GATE_PROBE, ".".join(package.parts), carrier, "UNUSED_OVERRIDE"]
@@ -77,7 +77,7 @@ def test_one_launch_without_the_carrier_sets_the_switch_after_the_dashes(
     manager_kind, bundle, switch, verified_host, state_file, after_dashes
 ):
     env = manager_env(state_file, verified_host, **{switch: "0"})
-    command = gate_probe(bundle)
+    command = switch_probe(bundle)
     if after_dashes:
         command = ["env", f"{switch}=0", *command]
     if manager_kind == "recorded":

@@ -5,7 +5,7 @@ carrier there (its package with a trivial ``register``, its bundle package, its
 ``[[bundle]]`` in manifest.toml, its entry points in pyproject.toml), renders,
 builds and installs the wheel into a scratch folder, and checks in a fresh
 interpreter that both bundles are discovered and valid and that each carrier's
-gate enables only itself.
+switch enables only itself.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from carrier_harness.env import clean_env
 from carrier_harness.project import PROJECT_ROOT, copy_project
 from vllm_hust_bundle_kit.contract import ENABLED_BUNDLES_ENVS
-from vllm_spark2_5_plugin import carrier_gate
+from vllm_spark2_5_plugin import carrier_switch
 
 DEMO_ID = "org.example.demo-carrier"
 DEMO_SWITCH = "DEMO_CARRIER_ENABLE"
@@ -30,11 +30,11 @@ DEMO_PACKAGE = '''
 """A carrier that registers nothing: the smallest thing the toolkit can carry."""
 
 from vllm_hust_bundle_kit.entry import carrier_entry_point
-from vllm_hust_bundle_kit.gate import CarrierGate
+from vllm_hust_bundle_kit.switch import CarrierSwitch
 
 
-def _gate():
-    return CarrierGate.from_bundle_package(
+def _switch():
+    return CarrierSwitch.from_bundle_package(
         "demo_carrier.bundle", carrier="demo_carrier:register", override_env="DEMO_CARRIER_OVERRIDE"
     )
 
@@ -46,7 +46,7 @@ def _register_enabled(decision):
 register = carrier_entry_point(
     name="demo-carrier",
     logger_name="vllm.demo_carrier",
-    load_gate=_gate,
+    load_switch=_switch,
     register_enabled=_register_enabled,
 )
 '''
@@ -144,9 +144,9 @@ bundles = installed.discover()
 for bundle in bundles:
     installed.validate(bundle)
 import demo_carrier, vllm_spark2_5_plugin
-gates = {"demo": demo_carrier._gate(), "spark": vllm_spark2_5_plugin.carrier_gate()}
+switches = {"demo": demo_carrier._switch(), "spark": vllm_spark2_5_plugin.carrier_switch()}
 def decisions(env):
-    return {name: gate.decide(env).enabled for name, gate in gates.items()}
+    return {name: switch.decide(env).enabled for name, switch in switches.items()}
 plugins = sorted(ep.name for ep in entry_points(group="vllm.general_plugins"))
 print(json.dumps({
     "toolkit_only": toolkit_only,
@@ -175,7 +175,7 @@ def test_adding_a_carrier_touches_no_toolkit_file(scaffolded):
     assert toolkit_files(scaffolded) == toolkit_files(PROJECT_ROOT)
 
 
-def test_both_bundles_render_build_install_and_gate_only_themselves(scaffolded, tmp_path):
+def test_both_bundles_render_build_install_and_switch_on_only_themselves(scaffolded, tmp_path):
     tool = str(Path(sys.executable).with_name("vllm-hust-bundle"))
     rendered = run([tool, "render", "--root", str(scaffolded), "--json"])
     assert len(json.loads(rendered.stdout)) == 2
@@ -185,7 +185,7 @@ def test_both_bundles_render_build_install_and_gate_only_themselves(scaffolded, 
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", "install"]
     run([*pip, "--no-deps", "--no-compile", "--target", str(site), str(wheel)])
 
-    spark = carrier_gate()
+    spark = carrier_switch()
     argv = [str(site), DEMO_ID, DEMO_SWITCH, spark.bundle_id, spark.enable_env]
     done = run([sys.executable, "-I", "-c", textwrap.dedent(PROBE), *argv, ENABLED_BUNDLES_ENVS[0]])
     report = json.loads(done.stdout)

@@ -17,7 +17,7 @@ TOOLKIT = PROJECT_ROOT / "src" / "vllm_hust_bundle_kit"
 # What the toolkit may import besides the standard library and itself.
 THIRD_PARTY = {"packaging", "jsonschema", "referencing", "tomli", "platformdirs"}
 # A carrier's entry point imports these before its gate: standard library only.
-RUNTIME_MODULES = ("__init__", "contract", "gate", "entry")
+RUNTIME_MODULES = ("__init__", "contract", "switch", "entry")
 
 
 def imported_roots(path: Path) -> set[str]:

@@ -2,7 +2,7 @@
 
 Knows no carrier. Two sides:
 
-* at run time, inside every vLLM process, :mod:`.gate` and :mod:`.entry` give a
+* at run time, inside every vLLM process, :mod:`.switch` and :mod:`.entry` give a
   carrier its default-off switch and its ``vllm.general_plugins`` entry point
   (standard library only);
 * at build and operate time, :mod:`.render` turns ``manifest.toml`` into the

@@ -29,7 +29,7 @@ from typing import Any, NoReturn
 from vllm_hust_bundle_kit import installed, manager, render
 from vllm_hust_bundle_kit.contract import MANAGER_LAUNCH_ONLY_ENVS
 from vllm_hust_bundle_kit.errors import BundleError
-from vllm_hust_bundle_kit.gate import switch_names
+from vllm_hust_bundle_kit.switch import switch_names
 from vllm_hust_bundle_kit.versions import host_compatibility
 
 PROG = "vllm-hust-bundle"

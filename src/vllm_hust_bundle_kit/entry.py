@@ -2,9 +2,9 @@
 
 vLLM calls a general plugin in every process it starts (API server, engine
 core, workers). :func:`carrier_entry_point` builds that callable for a carrier:
-it runs once per process, reads the carrier's gate, and logs exactly one INFO
+it runs once per process, reads the carrier's switch, and logs exactly one INFO
 load line under ``vllm.`` whether the carrier is enabled or not, so a normal
-``vllm serve`` log proves the carrier was discovered. Only when the gate is
+``vllm serve`` log proves the carrier was discovered. Only when the switch is
 open does it call the carrier's ``register_enabled``, which is where anything
 heavy (vLLM, torch) gets imported. Nothing raises into vLLM.
 """
@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from vllm_hust_bundle_kit.gate import CarrierGate, GateDecision
+from vllm_hust_bundle_kit.switch import CarrierSwitch, SwitchDecision
 
 LOAD_LINE = "%s loaded (%s)"
 
@@ -52,26 +52,26 @@ def log_line(logger: logging.Logger, level: int, message: str, *args: object) ->
         logger.setLevel(previous_level)
 
 
-def _host_version(gate: CarrierGate) -> str:
+def _host_version(switch: CarrierSwitch) -> str:
     import importlib.metadata  # enabled processes only: it costs a disabled one ~80 ms
 
     try:
-        return importlib.metadata.version(gate.host_name)
+        return importlib.metadata.version(switch.host_name)
     except importlib.metadata.PackageNotFoundError:
         return "not installed"
 
 
-def _outside_verified_range(gate: CarrierGate, host_version: str) -> str | None:
+def _outside_verified_range(switch: CarrierSwitch, host_version: str) -> str | None:
     """The warning for a host the carrier was not verified on, or None inside the range."""
     from vllm_hust_bundle_kit.versions import host_in_range  # enabled processes only
 
-    if host_in_range(host_version, gate.host_range):
+    if host_in_range(host_version, switch.host_range):
         return None
     return (
-        f"{gate.host_name} {host_version} is outside the verified range {gate.host_range}; "
+        f"{switch.host_name} {host_version} is outside the verified range {switch.host_range}; "
         "the carrier runs, but nothing it does was tested on this release. What was "
         f"verified, and what the extension manager would do: `vllm-hust-bundle inspect "
-        f"{gate.bundle_id}`"
+        f"{switch.bundle_id}`"
     )
 
 
@@ -79,13 +79,13 @@ def carrier_entry_point(
     *,
     name: str,
     logger_name: str,
-    load_gate: Callable[[], CarrierGate],
-    register_enabled: Callable[[GateDecision], Sequence[str]],
+    load_switch: Callable[[], CarrierSwitch],
+    register_enabled: Callable[[SwitchDecision], Sequence[str]],
 ) -> Callable[[], None]:
     """The ``register`` callable for one carrier.
 
     ``name`` starts the load line (``<name> loaded (enabled=...)``); ``logger_name``
-    must be under ``vllm.``. ``load_gate`` returns the carrier's gate (called once,
+    must be under ``vllm.``. ``load_switch`` returns the carrier's switch (called once,
     inside the error guard). ``register_enabled`` registers the carrier with vLLM
     and returns ``key=value`` details for the load line.
     """
@@ -97,38 +97,38 @@ def carrier_entry_point(
         if done:
             return
         done = True
-        gate = None
+        switch = None
         try:
-            gate = load_gate()
-            decision = gate.decide()
+            switch = load_switch()
+            decision = switch.decide()
             for warning in decision.warnings:
                 log_line(logger, logging.WARNING, "%s: %s", name, warning)
             if not decision.enabled:
                 details = [
                     "enabled=0",
                     f"reason={decision.source}",
-                    f"to enable set {gate.enable_env}=1 or enable bundle {gate.bundle_id} "
+                    f"to enable set {switch.enable_env}=1 or enable bundle {switch.bundle_id} "
                     "with vllm-hust-ext",
                 ]
             else:
-                host_version = _host_version(gate)
-                outside = _outside_verified_range(gate, host_version)
+                host_version = _host_version(switch)
+                outside = _outside_verified_range(switch, host_version)
                 if outside:
                     log_line(logger, logging.WARNING, "%s: %s", name, outside)
                 details = [
                     "enabled=1",
                     f"via={decision.source}",
                     *register_enabled(decision),
-                    f"{gate.host_name}={host_version}",
-                    f"verified={gate.host_range}" + (" (outside it)" if outside else ""),
+                    f"{switch.host_name}={host_version}",
+                    f"verified={switch.host_range}" + (" (outside it)" if outside else ""),
                 ]
             log_line(logger, logging.INFO, LOAD_LINE, name, ", ".join(details))
         except Exception as exc:  # vLLM must keep starting whatever happens here
             fix = (
-                f"check that the installed {gate.host_name} is in the carrier's verified range "
-                f"{gate.host_range} (`vllm-hust-bundle inspect {gate.bundle_id}`) or unset "
-                f"{gate.enable_env} to disable the carrier"
-                if gate is not None
+                f"check that the installed {switch.host_name} is in the carrier's verified range "
+                f"{switch.host_range} (`vllm-hust-bundle inspect {switch.bundle_id}`) or unset "
+                f"{switch.enable_env} to disable the carrier"
+                if switch is not None
                 else "reinstall the distribution"
             )
             log_line(

@@ -28,8 +28,8 @@ OFF_VALUES = ("0", "false", "no", "off")
 MAX_ECHOED_CHARS = 64
 
 
-class GateError(ValueError):
-    """The carrier's rendered manifest cannot tell the gate what it needs."""
+class SwitchError(ValueError):
+    """The carrier's rendered manifest cannot tell the switch what it needs."""
 
 
 def echoed(value: str) -> str:
@@ -67,7 +67,7 @@ def switch_names(manifest: Mapping) -> list[str]:
 
 
 @dataclass(frozen=True)
-class GateDecision:
+class SwitchDecision:
     """Whether the carrier registers anything in this process, and why."""
 
     enabled: bool
@@ -77,7 +77,7 @@ class GateDecision:
 
 
 @dataclass(frozen=True)
-class CarrierGate:
+class CarrierSwitch:
     """One carrier's switch: its bundle, its variables, and what its manifest allows."""
 
     bundle_id: str
@@ -88,8 +88,8 @@ class CarrierGate:
     host_range: str
 
     @classmethod
-    def from_bundle_package(cls, package: str, carrier: str, override_env: str) -> CarrierGate:
-        """The gate of ``carrier`` (``module:object``) in the bundle manifest of ``package``."""
+    def from_bundle_package(cls, package: str, carrier: str, override_env: str) -> CarrierSwitch:
+        """The switch of ``carrier`` (``module:object``) in the bundle manifest of ``package``."""
         manifest = _read_manifest(package)
         try:
             statuses = {
@@ -102,9 +102,9 @@ class CarrierGate:
             bundle_id = manifest["extension_id"]
             host_name, host_range = host["name"], host["version_range"]
         except (KeyError, TypeError, AttributeError) as exc:
-            raise GateError(f"bundle manifest of {package} is malformed ({exc!r})") from None
+            raise SwitchError(f"bundle manifest of {package} is malformed ({exc!r})") from None
         if len(statuses) != 1 or len(switches) != 1:
-            raise GateError(
+            raise SwitchError(
                 f"bundle manifest of {package} must list carrier {carrier} once and set exactly "
                 f'one activation.environment variable to "1" (found {len(statuses)} carrier '
                 f"entries, variables {switches}); re-render it from manifest.toml"
@@ -118,7 +118,7 @@ class CarrierGate:
             host_range=host_range,
         )
 
-    def decide(self, environ: Mapping[str, str] | None = None) -> GateDecision:
+    def decide(self, environ: Mapping[str, str] | None = None) -> SwitchDecision:
         """Read the switches from ``environ`` (default: the process environment)."""
         env = os.environ if environ is None else environ
         warnings: list[str] = []
@@ -127,27 +127,31 @@ class CarrierGate:
         listed_in = self._listed_in(env)
         if switch and listed_in and self.manager_may_enable:
             # `vllm-hust-ext run` sets the switch and the list together: credit the manager.
-            return GateDecision(True, f"{listed_in} lists {self.bundle_id}", override, (*warnings,))
+            return SwitchDecision(
+                True, f"{listed_in} lists {self.bundle_id}", override, (*warnings,)
+            )
         if switch is not None:
             # An explicit setting, on or off, wins over the manager's bundle list.
             value = env[self.enable_env].strip().lower()
             understood = value in ON_VALUES or value in OFF_VALUES
             source = f"{self.enable_env}={value}" if understood else f"{self.enable_env} invalid"
-            return GateDecision(switch, source, override, tuple(warnings))
+            return SwitchDecision(switch, source, override, tuple(warnings))
         if listed_in is None:
-            return GateDecision(False, f"{self.enable_env} unset", override, tuple(warnings))
+            return SwitchDecision(False, f"{self.enable_env} unset", override, tuple(warnings))
         if not self.manager_may_enable:
-            return GateDecision(
+            return SwitchDecision(
                 False,
                 f"{listed_in} lists {self.bundle_id} but its manifest does not let the manager "
                 f"enable it (status not {ACTIVE}); set {self.enable_env}=1 to enable it by hand",
                 override,
                 tuple(warnings),
             )
-        return GateDecision(True, f"{listed_in} lists {self.bundle_id}", override, tuple(warnings))
+        return SwitchDecision(
+            True, f"{listed_in} lists {self.bundle_id}", override, tuple(warnings)
+        )
 
     def settings_in(self, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
-        """The carrier's variables set in ``environ``: the gate's own (switch, override,
+        """The carrier's variables set in ``environ``: the switch's own (switch, override,
         bundle lists) and every other one named with the switch's prefix (for
         ``SPARK2_5_PLUGIN_ENABLE``: ``SPARK2_5_PLUGIN_``). These decide what the carrier
         does in a process, so each process vLLM starts for the engine needs them."""
@@ -177,16 +181,16 @@ def _read_manifest(package: str) -> dict:
             if os.path.isfile(os.path.join(folder, name))
         ]
         if len(found) != 1:
-            raise GateError(
+            raise SwitchError(
                 f"package {package} holds {len(found)} of {', '.join(MANIFEST_FILENAMES)}; "
                 "it must hold exactly one (reinstall the distribution)"
             )
         with open(found[0], encoding="utf-8") as file:
             manifest = json.load(file)
     except (ImportError, OSError, ValueError, RecursionError) as exc:
-        if isinstance(exc, GateError):
+        if isinstance(exc, SwitchError):
             raise
-        raise GateError(f"cannot read the bundle manifest of {package} ({exc})") from None
+        raise SwitchError(f"cannot read the bundle manifest of {package} ({exc})") from None
     if not isinstance(manifest, dict):
-        raise GateError(f"bundle manifest of {package} is not a JSON object")
+        raise SwitchError(f"bundle manifest of {package} is not a JSON object")
     return manifest

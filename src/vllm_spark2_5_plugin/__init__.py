@@ -1,7 +1,7 @@
 """Spark2_5 for vLLM, shipped as a default-off vLLM-HUST carrier.
 
 ``register`` is the ``vllm.general_plugins`` entry point (name ``spark2_5``).
-vLLM calls it in every process. Until the gate is open it imports nothing but
+vLLM calls it in every process. Until its switch is on it imports nothing but
 the standard library and touches no registry; either way it logs exactly one
 INFO line under the ``vllm`` logger so a normal ``vllm serve`` log proves the
 carrier was discovered. The bundle id and the enable variable come from the
@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from functools import cache
 
 from vllm_hust_bundle_kit.entry import carrier_entry_point
-from vllm_hust_bundle_kit.gate import CarrierGate, GateDecision
+from vllm_hust_bundle_kit.switch import CarrierSwitch, SwitchDecision
 
-__all__ = ["OVERRIDE_ENV", "carrier_gate", "register"]
+__all__ = ["OVERRIDE_ENV", "carrier_switch", "register"]
 
 # Replaces an implementation vLLM already has in tree instead of standing down.
 OVERRIDE_ENV = "SPARK2_5_PLUGIN_OVERRIDE"
@@ -24,22 +24,22 @@ BUNDLE_PACKAGE = "vllm_spark2_5_plugin.bundles.spark2_5"
 
 
 @cache
-def carrier_gate() -> CarrierGate:
-    return CarrierGate.from_bundle_package(
+def carrier_switch() -> CarrierSwitch:
+    return CarrierSwitch.from_bundle_package(
         BUNDLE_PACKAGE, carrier=f"{__name__}:register", override_env=OVERRIDE_ENV
     )
 
 
-def _register_enabled(decision: GateDecision) -> Sequence[str]:
+def _register_enabled(decision: SwitchDecision) -> Sequence[str]:
     from vllm_spark2_5_plugin._registration import register_enabled
 
-    report = register_enabled(override=decision.override, settings=carrier_gate().settings_in())
+    report = register_enabled(override=decision.override, settings=carrier_switch().settings_in())
     return report.load_line_details()
 
 
 register = carrier_entry_point(
     name="vllm-spark2_5-plugin",
     logger_name="vllm.spark2_5_plugin",
-    load_gate=carrier_gate,
+    load_switch=carrier_switch,
     register_enabled=_register_enabled,
 )

@@ -1,6 +1,6 @@
 """Where this package's Spark2_5 support comes from (PROVENANCE.md tells the story).
 
-Standard library only, like ``_gate``: safe to import from any process.
+Standard library only, like the toolkit's ``switch``: safe to import from any process.
 """
 
 # The vLLM commit the public Spark2_5 plugin vendored its model, config and

@@ -1,4 +1,4 @@
-"""What the enabled carrier registers with vLLM (imported only after the gate).
+"""What the enabled carrier registers with vLLM (imported only once the switch is on).
 
 Each piece goes into the vLLM registry that knows it: the config, the model
 architecture and the tool parser. A registry this process has already imported

@@ -65,19 +65,19 @@ def test_disabled_carrier_logs_enabled_0_once_per_process(disabled_and_excluded)
     assert all("enabled=0" in line for line in lines)
 
 
-def test_disabled_carrier_imports_only_its_gate(disabled_and_excluded):
+def test_disabled_carrier_imports_only_its_switch(disabled_and_excluded):
     (_, log), _ = disabled_and_excluded
     imported = {m.group(1) for m in IMPORT_LINE.finditer(log)}
     assert "vllm.plugins" in imported  # the probe works: imports are being logged
     ours = {name for name in imported if name.split(".")[0].startswith("vllm_") and "." in name}
-    assert "vllm_hust_bundle_kit.gate" in ours  # the entry point did run
-    # The carrier's bundle package (its manifest) and the toolkit's stdlib-only gate.
+    assert "vllm_hust_bundle_kit.switch" in ours  # the entry point did run
+    # The carrier's bundle package (its manifest) and the toolkit's stdlib-only switch.
     assert ours <= {
         "vllm_spark2_5_plugin.bundles",
         "vllm_spark2_5_plugin.bundles.spark2_5",
         "vllm_hust_bundle_kit.contract",
         "vllm_hust_bundle_kit.entry",
-        "vllm_hust_bundle_kit.gate",
+        "vllm_hust_bundle_kit.switch",
     }, ours
 
 

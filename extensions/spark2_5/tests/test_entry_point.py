@@ -56,8 +56,8 @@ DISABLED_PROBE = """
         "new_files": sorted(set(os.listdir(".")) - files_before),
     }))
 """
-# What register() may import before its gate opens: the carrier's package and its
-# bundle manifest's package, and the toolkit's standard-library-only gate modules.
+# What register() may import before its switch is on: the carrier's package and its
+# bundle manifest's package, and the toolkit's standard-library-only switch modules.
 GATE_MODULES = {
     "vllm_spark2_5_plugin",
     "vllm_spark2_5_plugin.bundles",
@@ -65,13 +65,13 @@ GATE_MODULES = {
     "vllm_hust_bundle_kit",
     "vllm_hust_bundle_kit.contract",
     "vllm_hust_bundle_kit.entry",
-    "vllm_hust_bundle_kit.gate",
+    "vllm_hust_bundle_kit.switch",
 }
 
 
-@pytest.mark.parametrize("gate", [None, "0", "off", "", "garbage"])
-def test_disabled_register_imports_nothing_heavy_and_writes_nothing(gate, tmp_path):
-    env = {} if gate is None else {ENABLE_ENV: gate}
+@pytest.mark.parametrize("switch", [None, "0", "off", "", "garbage"])
+def test_disabled_register_imports_nothing_heavy_and_writes_nothing(switch, tmp_path):
+    env = {} if switch is None else {ENABLE_ENV: switch}
     result = run_python(DISABLED_PROBE, cwd=tmp_path, **env)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
@@ -84,7 +84,7 @@ def test_disabled_register_imports_nothing_heavy_and_writes_nothing(gate, tmp_pa
     assert "enabled=0" in line
     assert f"{ENABLE_ENV}=1" in line and BUNDLE_ID in line  # says how to enable
     warnings = [ln for ln in result.stdout.splitlines() if "WARNING" in ln]
-    if gate == "garbage":
+    if switch == "garbage":
         (warning,) = warnings
         assert ENABLE_ENV in warning and "'garbage'" in warning
     else:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from carrier_harness.server import CPU_SERVE_ENV, VllmServer
-from spark2_5_dev.carrier import BUNDLE_ID, ENABLE_ENV, GATE, LOAD_LINE, clean_env
+from spark2_5_dev.carrier import BUNDLE_ID, ENABLE_ENV, LOAD_LINE, SWITCH, clean_env
 from vllm_hust_bundle_kit import installed, manager
 from vllm_hust_bundle_kit.contract import (
     ENABLED_BUNDLES_ENVS,
@@ -56,7 +56,7 @@ def test_vllm_serve_under_the_managers_environment_loads_the_carrier(
     lines = [line for line in log.splitlines() if LOAD_LINE in line]
     assert len(lines) >= 3, log[-4000:]  # API server, engine core, worker
     for line in lines:
-        assert "enabled=1" in line and f"verified={GATE.host_range}" in line, line
+        assert "enabled=1" in line and f"verified={SWITCH.host_range}" in line, line
         # The manager sets the switch and the list; the load line credits the manager.
         assert f"via={ENABLED_BUNDLES_ENVS[0]} lists {BUNDLE_ID}" in line, line
     # The first process puts the carrier's variables on vLLM's Ray copy list; the

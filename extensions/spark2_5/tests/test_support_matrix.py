@@ -14,7 +14,7 @@ from packaging.version import Version
 from carrier_harness.project import PROJECT_ROOT as ROOT
 from carrier_harness.project import bundle_source
 from spark2_5_dev import support_matrix
-from spark2_5_dev.carrier import BUNDLE_ID, GATE
+from spark2_5_dev.carrier import BUNDLE_ID, SWITCH
 from vllm_hust_bundle_kit.versions import host_in_range, rules_disagree
 
 MATRIX = (Path(__file__).parents[1] / "docs" / "support-matrix.md").read_text(encoding="utf-8")
@@ -91,7 +91,7 @@ def test_a_prerelease_between_the_bounds_is_where_packaging_versions_disagree():
 
 
 def test_the_rendered_manifest_carries_the_same_range():
-    assert GATE.host_range == HOST["version_range"]
+    assert SWITCH.host_range == HOST["version_range"]
 
 
 def test_the_docs_state_the_shipped_range():

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from carrier_harness import env
 from vllm_hust_bundle_kit.contract import ENABLED_BUNDLES_ENVS, PLUGINS_ENV
-from vllm_spark2_5_plugin import OVERRIDE_ENV, carrier_gate
+from vllm_spark2_5_plugin import OVERRIDE_ENV, carrier_switch
 
-GATE = carrier_gate()
-BUNDLE_ID = GATE.bundle_id
-ENABLE_ENV = GATE.enable_env
+SWITCH = carrier_switch()
+BUNDLE_ID = SWITCH.bundle_id
+ENABLE_ENV = SWITCH.enable_env
 LOAD_LINE = "vllm-spark2_5-plugin loaded ("
 CARRIER_ENVS = (ENABLE_ENV, OVERRIDE_ENV, *ENABLED_BUNDLES_ENVS, PLUGINS_ENV)
 
