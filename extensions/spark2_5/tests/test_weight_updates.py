@@ -130,6 +130,8 @@ LORA_STEPS = ["a_with_adapter", "b_with_adapter", "b_base", "a_with_adapter_afte
 def test_a_lora_engine_serves_its_adapter_on_the_updated_base(measured, step):
     """Against the reference on the new base with the adapter merged into it (vLLM
     drops the loaded adapters after an update and loads them again when asked)."""
+    if measured[0]["lora"] is None:
+        pytest.skip(f"vLLM {measured[0]['vllm']} cannot reload weights into LoRA layers")
     if step == LORA_STEPS[-1]:
         transfer_steps(measured)
     assert_matches_reference(measured[0]["lora"][step])

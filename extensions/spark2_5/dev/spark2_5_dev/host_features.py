@@ -60,6 +60,17 @@ def cpu_lora_ops_skip_requests_without_an_adapter() -> bool:
     return bool((output == 0).all())
 
 
+def reloads_weights_into_lora_layers() -> bool:
+    """Whether vLLM's weight reload resolves checkpoint names through LoRA-wrapped
+    layers (``.base_layer.``; 0.32's in-place reload). vLLM 0.23 has no such step: its
+    loaders, in-tree models' too, meet ``model.embed_tokens.base_layer.weight`` where
+    the checkpoint names ``model.embed_tokens.weight``, so an engine started with
+    ``enable_lora`` cannot reload weights."""
+    return _module_has(
+        "vllm.model_executor.model_loader.reload.inplace", "get_parameter_for_reload"
+    )
+
+
 def _module_has(module_name: str, attribute: str) -> bool:
     try:
         return hasattr(importlib.import_module(module_name), attribute)

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spark2_5_dev.host_features import reloads_weights_into_lora_layers
 from spark2_5_dev.parity import (
     ENGINE_ENV,
     MAX_MODEL_LEN,
@@ -497,7 +498,9 @@ def run_all(
     result = {"vllm": vllm.__version__, "transfer_steps": engines_own_the_session()}
     if not quantized_only:
         result["cases"] = {case.name: run_case(case, Path(workdir)) for case in cases}
-        result["lora"] = run_lora_case(Path(workdir))
+        result["lora"] = (
+            run_lora_case(Path(workdir)) if reloads_weights_into_lora_layers() else None
+        )
     result["quantized"] = run_quantized(Path(workdir))
     return {**result, "kernel_libraries": kernel_libraries()}
 
