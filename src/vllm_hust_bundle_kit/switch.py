@@ -46,6 +46,17 @@ def parse_switch(environ: Mapping[str, str], name: str, warnings: list[str]) -> 
     and reads as off: a switch that cannot be understood never turns a carrier on.
     """
     raw = environ.get(name)
+    try:
+        return switch_value(name, raw)
+    except ValueError as exc:
+        warnings.append(f"{exc}; treating it as off")
+        return False
+
+
+def switch_value(name: str, raw: str | None) -> bool | None:
+    """``True``/``False`` for an on/off value of variable ``name``, ``None`` when unset
+    or empty; a ``ValueError`` naming the variable, its (capped) value and the values
+    understood for anything else. Case and surrounding whitespace are ignored."""
     if raw is None or not raw.strip():
         return None
     value = raw.strip().lower()
@@ -53,11 +64,10 @@ def parse_switch(environ: Mapping[str, str], name: str, warnings: list[str]) -> 
         return True
     if value in OFF_VALUES:
         return False
-    warnings.append(
+    raise ValueError(
         f"{name}={echoed(raw)} is not understood; use one of {', '.join(ON_VALUES)} "
-        f"(on) or {', '.join(OFF_VALUES)} (off); treating it as off"
+        f"(on) or {', '.join(OFF_VALUES)} (off)"
     )
-    return False
 
 
 def switch_names(manifest: Mapping) -> list[str]:

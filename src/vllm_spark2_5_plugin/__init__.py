@@ -15,11 +15,10 @@ from functools import cache
 
 from vllm_hust_bundle_kit.entry import carrier_entry_point
 from vllm_hust_bundle_kit.switch import CarrierSwitch, SwitchDecision
+from vllm_spark2_5_plugin.settings import OVERRIDE_ENV
 
 __all__ = ["OVERRIDE_ENV", "carrier_switch", "register"]
 
-# Replaces an implementation vLLM already has in tree instead of standing down.
-OVERRIDE_ENV = "SPARK2_5_PLUGIN_OVERRIDE"
 BUNDLE_PACKAGE = "vllm_spark2_5_plugin.bundles.spark2_5"
 
 

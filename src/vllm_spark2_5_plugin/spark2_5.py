@@ -48,10 +48,10 @@ from vllm.model_executor.models.utils import (
 from vllm.sequence import IntermediateTensors
 
 from vllm_spark2_5_plugin import compat
+from vllm_spark2_5_plugin.settings import check_finite_requested
 from vllm_spark2_5_plugin.spark2_5_checkpoint import (
     TensorChecks,
     checkpoint_folder,
-    finite_check_requested,
     naming_damaged_files,
 )
 from vllm_spark2_5_plugin.spark2_5_config import SLIDING_ATTENTION, Spark2_5Config
@@ -346,7 +346,7 @@ class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
             TensorChecks(
                 config,
                 quantized=vllm_config.quant_config is not None,
-                check_finite=finite_check_requested(),
+                check_finite=check_finite_requested(),
             ),
             prepare=self._checkpoint_tensors,
             folder=self.checkpoint_folder,

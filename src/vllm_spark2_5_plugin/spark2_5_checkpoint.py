@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -64,11 +64,6 @@ ALWAYS_UNQUANTIZED = (
     "layers.post_attention_layernorm.weight",
     "layers.self_attn.g_proj.weight",
 )
-CHECK_FINITE_ENV = "SPARK2_5_PLUGIN_CHECK_FINITE"
-_CHECK_FINITE_VALUES = {
-    **dict.fromkeys(("1", "true", "yes", "on"), True),
-    **dict.fromkeys(("", "0", "false", "no", "off"), False),
-}
 _LAYER_PREFIX = re.compile(r"^model\.layers\.\d+\.")
 _CONFIG_KEY = re.compile(r"[a-z_]+")
 
@@ -94,18 +89,6 @@ def _shape_values(config: Spark2_5Config) -> dict[str, int]:
             (heads + 2 * kv_heads) * head_dim
         ),
     }
-
-
-def finite_check_requested(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``SPARK2_5_PLUGIN_CHECK_FINITE`` asks for the NaN/Inf check of every weight."""
-    raw = (os.environ if environ is None else environ).get(CHECK_FINITE_ENV, "")
-    requested = _CHECK_FINITE_VALUES.get(raw.strip().lower())
-    if requested is None:
-        raise ValueError(
-            f"{CHECK_FINITE_ENV}={raw[:80]!r} is not understood; set it to 1 to check every "
-            "weight for NaN/Inf while loading, or to 0 (or leave it unset) not to"
-        )
-    return requested
 
 
 class TensorChecks:

@@ -71,10 +71,11 @@ def test_disabled_carrier_imports_only_its_switch(disabled_and_excluded):
     assert "vllm.plugins" in imported  # the probe works: imports are being logged
     ours = {name for name in imported if name.split(".")[0].startswith("vllm_") and "." in name}
     assert "vllm_hust_bundle_kit.switch" in ours  # the entry point did run
-    # The carrier's bundle package (its manifest) and the toolkit's stdlib-only switch.
+    # The carrier's bundle package (its manifest), its settings, the toolkit's switch.
     assert ours <= {
         "vllm_spark2_5_plugin.bundles",
         "vllm_spark2_5_plugin.bundles.spark2_5",
+        "vllm_spark2_5_plugin.settings",
         "vllm_hust_bundle_kit.contract",
         "vllm_hust_bundle_kit.entry",
         "vllm_hust_bundle_kit.switch",
