@@ -47,7 +47,7 @@ from vllm.model_executor.models.utils import (
 )
 from vllm.sequence import IntermediateTensors
 
-from vllm_spark2_5_plugin import compat
+from vllm_spark2_5_plugin import compat, host_hooks
 from vllm_spark2_5_plugin.settings import check_finite_requested
 from vllm_spark2_5_plugin.spark2_5_checkpoint import (
     TensorChecks,
@@ -334,7 +334,7 @@ class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         else:
             self.lm_head = PPMissingLayer()
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
-        compat.refuse_missing_cpu_kernel_ops(self)
+        host_hooks.refuse_missing_cpu_kernel_ops(self)
         model_config, load_config = vllm_config.model_config, vllm_config.load_config
         # Where vLLM reads the weights from, to name a damaged file should reading
         # fail; looked up then, as reload_weights(weights_path=...) repoints it.
@@ -362,7 +362,7 @@ class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
         # vLLM's LoRA manager announces itself here when it wraps this model; from
         # then on it refuses adapters that do not fit this model's shapes.
         self.__dict__["_lora_manager"] = manager
-        if not compat.check_lora_adapters(manager, AdapterChecks(self.config).check):
+        if not host_hooks.check_lora_adapters(manager, AdapterChecks(self.config).check):
             logger.warning(
                 "This vLLM's LoRA manager has no _add_adapter: Spark2_5 cannot check LoRA "
                 "adapters against the model, and serves mis-shaped ones unchecked"

@@ -55,8 +55,6 @@ from typing import Any, ClassVar
 
 from transformers import PretrainedConfig
 
-from vllm_spark2_5_plugin import compat
-
 SLIDING_ATTENTION = "sliding_attention"
 FULL_ATTENTION = "full_attention"
 LAYER_TYPES = (SLIDING_ATTENTION, FULL_ATTENTION)
@@ -427,8 +425,19 @@ class Spark2_5Config(PretrainedConfig):
         return loaded
 
     def convert_rope_params_to_dict(self, **kwargs: Any) -> dict[str, Any]:
-        """transformers 5.x calls this from ``__init__``; see ``compat``."""
-        return compat.complete_layer_type_rope(self.rope_parameters, DEFAULT_ROPE_THETA, kwargs)
+        """Fill each layer type's RoPE defaults in place; return ``kwargs`` untouched.
+
+        transformers 5.x calls this from ``__init__``; its own version (5.17, the
+        release vLLM 0.31 resolves) writes a top-level ``rope_theta`` next to the
+        layer-type entries, which its ``validate_rope`` then rejects. transformers
+        4.x has no such method and never calls this. Complete entries also leave
+        nothing for vLLM's RoPE patching to fill in.
+        """
+        for entry in self.rope_parameters.values():
+            entry.setdefault("rope_type", entry.get("type", "default"))
+            entry.setdefault("rope_theta", DEFAULT_ROPE_THETA)
+            entry.setdefault("partial_rotary_factor", 1.0)
+        return kwargs
 
     def rope_parameters_for(self, layer_type: str) -> dict[str, Any]:
         """RoPE theta and rotary fraction of one layer type, with the defaults filled in."""

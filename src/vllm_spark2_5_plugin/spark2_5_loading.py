@@ -45,7 +45,7 @@ import torch
 from torch import nn
 from vllm.model_executor.models.utils import is_pp_missing_parameter
 
-from vllm_spark2_5_plugin import compat
+from vllm_spark2_5_plugin import compat, host_hooks
 from vllm_spark2_5_plugin.spark2_5_checkpoint import (
     Spark2_5CheckpointError,
     TensorChecks,
@@ -235,7 +235,7 @@ class WeightIntake:
         self.first_load_done = False
         self.session: CheckpointLedger | None = None
         # Else an int8 layer reloaded on a CPU without AMX computes with freed scales.
-        compat.keep_onednn_int8_scales(model)
+        host_hooks.keep_onednn_int8_scales(model)
         # Packed parameter -> its parts pushed so far in this session, held back.
         self.held: dict[str, dict[str | int, tuple[str, torch.Tensor]]] = {}
 
@@ -256,7 +256,7 @@ class WeightIntake:
     def update(self, weights: Weights) -> set[str]:
         """One ``load_weights`` call of an update session."""
         listed = isinstance(weights, (list, tuple))
-        if not compat.in_layerwise_reload(self.model):
+        if not host_hooks.in_layerwise_reload(self.model):
             names = [name for name, _ in islice(weights, NAMED)]
             raise Spark2_5CheckpointError(OUTSIDE_SESSION.format(names=", ".join(names)))
         if self.session is None:
@@ -279,7 +279,7 @@ class WeightIntake:
         except Exception:
             self.session = None
             self.held.clear()
-            compat.finalize_layerwise_reload(self.model, self.model_config)
+            host_hooks.finalize_layerwise_reload(self.model, self.model_config)
             raise
 
     def _load_update(self, weights: Weights) -> set[str]:
@@ -359,7 +359,7 @@ class WeightIntake:
 def watch_update_sessions(model_cls: type[ModelT]) -> type[ModelT]:
     """Class decorator: tell each model's ``weight_intake`` when vLLM starts and
     finishes a layerwise reload of it, through the attribute both steps set on it."""
-    stored = f"_spark2_5{compat.LAYERWISE_RELOAD_ATTRIBUTE}"
+    stored = f"_spark2_5{host_hooks.LAYERWISE_RELOAD_ATTRIBUTE}"
 
     def get(model: nn.Module) -> Any:
         return model.__dict__.get(stored, False)
@@ -367,10 +367,10 @@ def watch_update_sessions(model_cls: type[ModelT]) -> type[ModelT]:
     def set_(model: nn.Module, value: Any) -> None:
         model.__dict__[stored] = value
         intake: WeightIntake = model.weight_intake
-        if compat.in_layerwise_reload(model):
+        if host_hooks.in_layerwise_reload(model):
             intake.session_finishing()
         else:
             intake.session_started()
 
-    setattr(model_cls, compat.LAYERWISE_RELOAD_ATTRIBUTE, property(get, set_))
+    setattr(model_cls, host_hooks.LAYERWISE_RELOAD_ATTRIBUTE, property(get, set_))
     return model_cls

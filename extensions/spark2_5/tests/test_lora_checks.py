@@ -97,6 +97,6 @@ def test_zero_lora_b_of_another_shape_passes_as_it_changes_nothing(checks):
 
 def test_a_lora_manager_without_add_adapter_gets_no_checks():
     """A vLLM whose manager lacks ``_add_adapter``: nothing to wrap, and the model warns."""
-    from vllm_spark2_5_plugin import compat
+    from vllm_spark2_5_plugin import host_hooks
 
-    assert compat.check_lora_adapters(object(), AdapterChecks.check) is False
+    assert host_hooks.check_lora_adapters(object(), AdapterChecks.check) is False

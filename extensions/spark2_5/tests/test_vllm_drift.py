@@ -1,10 +1,10 @@
 """Drift guard: the vLLM internals the carrier calls still take what it passes.
 
 Each entry names a vLLM symbol, the call the carrier makes (positional count and
-keyword names, read from ``spark2_5.py``, ``spark2_5_tool_parser/`` and
-``compat.py``) and where to fix a break. A vLLM upgrade that renames or drops
-one of those parameters fails here with the symbol, the parameter and the
-``compat.py`` function to update, instead of deep inside an engine start.
+keyword names, read from ``spark2_5.py``, ``spark2_5_tool_parser/``, ``compat.py``
+and ``host_hooks.py``) and where to fix a break. A vLLM upgrade that renames or
+drops one of those parameters fails here with the symbol, the parameter and the
+function to update, instead of deep inside an engine start.
 """
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ USES = [
         "LoRAModelManager._add_adapter",
         attr("vllm.lora.model_manager", "LoRAModelManager", "_add_adapter"),
         (Call(2),),  # (self, lora_model)
-        "compat.check_lora_adapters",
+        "host_hooks.check_lora_adapters",
     ),
     Use(
         "VLLMValidationError",
@@ -310,7 +310,7 @@ def test_vllm_lora_manager_still_announces_itself_to_the_model():
     assert "self.model.lora_manager = self" in inspect.getsource(LoRAModelManager.__init__), (
         "vLLM drift: LoRAModelManager no longer sets model.lora_manager, so "
         "Spark2_5ForCausalLM.lora_manager never installs the adapter checks. Find the new "
-        "place a model learns of its LoRA manager and update compat.check_lora_adapters."
+        "place a model learns of its LoRA manager and update host_hooks.check_lora_adapters."
     )
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
 from spark2_5_dev.model_building import build_model, checkpoint_tensors, vllm_model_env
-from vllm_spark2_5_plugin import compat
+from vllm_spark2_5_plugin import host_hooks
 from vllm_spark2_5_plugin.spark2_5_checkpoint import Spark2_5CheckpointError
 
 __all__ = ["vllm_model_env"]  # the fixture, for pytest
@@ -68,7 +68,7 @@ def test_a_tensor_pushed_twice_in_one_update_is_refused_and_the_update_ends(
         "keep either the fused tensor or its parts, once"
     )
     # Ended as vLLM's finalize ends it: no layer is left on the meta device.
-    assert not compat.in_layerwise_reload(loaded_model)
+    assert not host_hooks.in_layerwise_reload(loaded_model)
     assert not any(p.is_meta for p in loaded_model.parameters())
 
 

@@ -179,7 +179,7 @@ def test_a_quantized_checkpoint_reloads_the_same_on_vllms_avx2_kernels(on_avx2, 
 
 
 def test_the_no_amx_path_runs_vllms_onednn_int8_kernel(measured):
-    """The path whose reload needs ``compat.keep_onednn_int8_scales`` really ran."""
+    """The path whose reload needs ``host_hooks.keep_onednn_int8_scales`` really ran."""
     kernels = measured[0]["quantized"][f"{quantize.W8A8_INT8}/no-amx"]["kernels"]
     if not kernels:
         pytest.skip(f"vLLM {measured[0]['vllm']}: its int8 CPU kernel names no linear_method")

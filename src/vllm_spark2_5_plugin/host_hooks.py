@@ -1,0 +1,129 @@
+"""Where the carrier reaches into vLLM's private state: the upgrade risk in one place.
+
+vLLM has no public hook for these; each function names the private attribute or
+class it relies on and what happens where it is missing. Version drift of public
+APIs (modules that moved, keywords that changed) is in :mod:`compat`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+# --- in-place weight updates ---------------------------------------------------
+
+# vLLM's ``initialize_layerwise_reload`` and ``finalize_layerwise_reload`` each set
+# this attribute of the model first thing (to park torchao's own reload while
+# vLLM's runs); a property of that name tells the model that an update starts
+# and that vLLM is about to finish it. The same in 0.32 (run) and 0.23 (read in
+# its source); the layerwise reload itself is in every release of the range.
+LAYERWISE_RELOAD_ATTRIBUTE = "_do_torchao_reload"
+
+
+def _layerwise_reload_module() -> Any | None:
+    try:
+        return importlib.import_module("vllm.model_executor.model_loader.reload.layerwise")
+    except ImportError:
+        return None
+
+
+def finalize_layerwise_reload(model: Any, model_config: Any) -> None:
+    """End ``model``'s layerwise reload as vLLM does: every layer not loaded in it gets
+    its previous tensors back."""
+    module = importlib.import_module("vllm.model_executor.model_loader.reload")
+    module.finalize_layerwise_reload(model, model_config)
+
+
+def in_layerwise_reload(model: Any) -> bool:
+    """Whether ``model`` is inside vLLM's layerwise reload: after
+    ``initialize_layerwise_reload(model)``, until ``finalize_layerwise_reload`` resets
+    the model's own entry."""
+    module = _layerwise_reload_module()
+    info = None if module is None else getattr(module, "LAYERWISE_INFO", {}).get(model)
+    return info is not None and info.can_load()
+
+
+# vLLM CPU kernel class -> the op of vLLM's CPU kernel library it computes with.
+CPU_KERNEL_OPS = {"CPUWNA16LinearKernel": "cpu_gemm_wna16"}
+
+
+def _quantized_kernels(model: Any) -> Iterable[tuple[str, Any, Any]]:
+    """Each layer whose quantization method computes through a vLLM linear kernel:
+    its name, its method and the kernel (GPTQ keeps it on the method, compressed-
+    tensors on the layer's scheme)."""
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        scheme = getattr(module, "scheme", None)
+        kernel = getattr(method, "kernel", None) or getattr(scheme, "kernel", None)
+        if kernel is not None:
+            yield name, method, kernel
+
+
+def refuse_missing_cpu_kernel_ops(model: Any) -> None:
+    """Refuse, naming it, a quantized layer whose vLLM CPU kernel calls an op that the
+    kernel library this CPU loaded lacks: vLLM 0.32's library for AVX2 CPUs
+    (``_C_AVX2``) has no ``cpu_gemm_wna16``, which its GPTQ/AWQ 4-bit kernel calls, so
+    vLLM would fail at its first forward pass with an ``AttributeError``."""
+    import torch
+
+    for name, method, kernel in _quantized_kernels(model):
+        op = CPU_KERNEL_OPS.get(type(kernel).__name__)
+        if op is not None and not hasattr(torch.ops._C, op):
+            raise RuntimeError(
+                f"{name}: vLLM computes this {type(method).__name__} layer with "
+                f"{type(kernel).__name__}, which calls torch.ops._C.{op}, and vLLM's CPU "
+                f"kernel library for this CPU has no {op} (vLLM builds it only for AVX-512 "
+                "and newer x86 CPUs). Serve a bfloat16 or W8A8 int8 checkpoint here, or use "
+                "a CPU with AVX-512"
+            )
+
+
+def keep_onednn_int8_scales(model: Any) -> None:
+    """Keep alive, for each of ``model``'s int8 layers on vLLM's oneDNN CPU kernel,
+    the tensors its latest oneDNN handler was built over.
+
+    The kernel (``CPUInt8ScaledMMLinearKernel``, taken on x86 CPUs without AMX, where
+    vLLM's ``check_cpu_sgl_kernel`` says no) hands the handler its processed
+    ``weight_scale`` by pointer. A layerwise reload processes a layer again, copies
+    the results into the first load's tensors and drops the new ones: the new
+    handler then reads freed memory (NaN logits, seen on vLLM 0.32). Kept here
+    until the next reload of the layer replaces them. The AMX path and GPTQ's
+    CPU kernel compute with the layer's tensors and need none of this; neither
+    does any layer on a GPU, whose kernels have no such method.
+    """
+    for _, _, kernel in _quantized_kernels(model):
+        build = getattr(kernel, "process_weights_for_onednn", None)
+        if build is None or getattr(build, "keeps_inputs", False):
+            continue
+
+        def build_and_keep(layer: Any, build: Callable[[Any], None] = build) -> None:
+            build(layer)
+            layer.spark2_5_onednn_inputs = tuple(layer.parameters(recurse=False))
+
+        build_and_keep.keeps_inputs = True  # type: ignore[attr-defined]
+        kernel.process_weights_for_onednn = build_and_keep
+
+
+# --- LoRA -----------------------------------------------------------------------
+
+
+def check_lora_adapters(manager: Any, check: Callable[[Any], None]) -> bool:
+    """Make vLLM's LoRA ``manager`` call ``check(lora_model)`` on every adapter it adds,
+    before it packs the adapter's weights or gives it a slot; what ``check`` raises
+    refuses the adapter, and vLLM reports it to whoever asked to load it.
+
+    vLLM has no hook for a model to check an adapter. Every release of the verified
+    range adds adapters through ``LoRAModelManager._add_adapter``; where that is
+    missing this returns False and adapters load unchecked.
+    """
+    add_adapter = getattr(manager, "_add_adapter", None)
+    if add_adapter is None:
+        return False
+
+    def checked_add_adapter(lora_model: Any) -> Any:
+        check(lora_model)
+        return add_adapter(lora_model)
+
+    manager._add_adapter = checked_add_adapter
+    return True
