@@ -275,24 +275,8 @@ def _function_tools(tools: Iterable[Any]) -> Iterable[tuple[str, Any]]:
             yield tool.name, tool.parameters
 
 
-def find_tool_name(tools: Sequence[Any] | None, name: str) -> bool:
-    """Whether the request's ``tools`` declare a function tool called ``name``.
-
-    vLLM 0.24 and later have ``vllm.tool_parsers.utils.find_tool_name``; 0.23 has
-    not, and the local fallback sees plain function tools only (it does not
-    expand Responses-API namespace tools into ``namespace__name``).
-    """
-    if not tools:
-        return False
-    host_find = getattr(_tool_parser_utils(), "find_tool_name", None)
-    if host_find is not None:
-        return host_find(tools, name)
-    return any(tool_name == name for tool_name, _ in _function_tools(tools))
-
-
 def function_tools(tools: Sequence[Any] | None) -> list[tuple[str, Any]]:
-    """``(name, parameters)`` of the function tools in a request's ``tools``, as
-    :func:`find_tool_name` knows them.
+    """``(name, parameters)`` of the function tools in a request's ``tools``.
 
     vLLM 0.32 has ``vllm.tool_parsers.utils.get_function_tools`` (it flattens
     Responses-API namespace tools to ``namespace__name`` and turns custom tools
@@ -305,16 +289,6 @@ def function_tools(tools: Sequence[Any] | None) -> list[tuple[str, Any]]:
         return list(_function_tools(tools))
     functions = [getattr(tool, "function", tool) for tool in host_list(tools)]
     return [(function.name, function.parameters) for function in functions]
-
-
-def function_tool_names(tools: Sequence[Any] | None) -> list[str]:
-    """The names of the function tools in a request's ``tools`` (:func:`function_tools`)."""
-    return [name for name, _ in function_tools(tools)]
-
-
-def find_tool_properties(tools: Sequence[Any] | None, name: str) -> dict[str, Any]:
-    """The ``properties`` of function tool ``name``'s parameter schema, ``{}`` if none."""
-    return _tool_parser_utils().find_tool_properties(tools, name)
 
 
 def structural_tag_models() -> frozenset[str]:

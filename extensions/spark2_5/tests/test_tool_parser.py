@@ -659,47 +659,27 @@ def test_deepseek_r1_reasoning_parser_composes_only_while_thinking(tokenizer):
 # --- compat: both shapes of every drifting API ----------------------------------------------
 
 
-@pytest.mark.parametrize("host_lookup", [True, False], ids=["vllm-0.24+", "vllm-0.23"])
-def test_tool_lookup_with_and_without_vllms_find_tool_name(
-    host_lookup, tokenizer, request_with_tools, monkeypatch
+@pytest.mark.parametrize("host_list", [True, False], ids=["vllm-0.32+", "vllm-0.23-0.31"])
+def test_tool_lookup_with_and_without_vllms_get_function_tools(
+    host_list, tokenizer, request_with_tools, monkeypatch
 ):
-    """vLLM 0.23 has ``find_tool_properties`` but no ``find_tool_name``: the parser
-    then reads the function tools itself and parses the same."""
-    import vllm.tool_parsers.utils as utils
-
-    expected = Parsed("x ", [("get_weather", '{"city":"Paris","days":3}')])  # either way
-    if host_lookup and not hasattr(utils, "find_tool_name"):
-        pytest.skip("this vLLM has no find_tool_name (0.23): the other case is its path")
-    if not host_lookup:
-        monkeypatch.delattr(utils, "find_tool_name", raising=False)  # absent on 0.23 itself
-    assert parse(tokenizer, f"x {COMPACT}", request_with_tools) == expected
-
-    tools = request_with_tools.tools
-    for name, declared in (("get_weather", True), ("typed", True), ("nope", False), ("", False)):
-        assert compat.find_tool_name(tools, name) is declared
-    assert (
-        compat.find_tool_properties(tools, "get_weather")
-        == (WEATHER_TOOL["function"]["parameters"]["properties"])
-    )
-    assert compat.find_tool_properties(tools, "nope") == {}
-    assert compat.find_tool_name(None, "get_weather") is False
-
-
-def test_fallback_tool_lookup_reads_responses_function_tools(monkeypatch):
+    """Before vLLM 0.32 there is no ``get_function_tools``: the adapter then reads the
+    function tools itself (Chat and Responses function tools) and parses the same."""
     import vllm.tool_parsers.utils as utils
     from openai.types.responses import FunctionTool
 
-    tool = FunctionTool(
-        type="function",
-        name="lookup",
-        parameters={"type": "object", "properties": {"q": {"type": "string"}}},
-        strict=False,
-    )
-    assert compat.find_tool_name([tool], "lookup")
-    monkeypatch.delattr(utils, "find_tool_name", raising=False)  # absent on 0.23 itself
-    assert compat.find_tool_name([tool], "lookup")
-    assert not compat.find_tool_name([tool], "other")
-    assert compat.find_tool_properties([tool], "lookup") == {"q": {"type": "string"}}
+    expected = Parsed("x ", [("get_weather", '{"city":"Paris","days":3}')])  # either way
+    if host_list and not hasattr(utils, "get_function_tools"):
+        pytest.skip("this vLLM has no get_function_tools: the other case is its path")
+    if not host_list:
+        monkeypatch.delattr(utils, "get_function_tools", raising=False)
+    assert parse(tokenizer, f"x {COMPACT}", request_with_tools) == expected
+    tools = dict(compat.function_tools(request_with_tools.tools))
+    assert list(tools) == ["get_weather", "typed"]
+    assert tools["get_weather"] == WEATHER_TOOL["function"]["parameters"]
+    assert compat.function_tools(None) == []
+    lookup = FunctionTool(type="function", name="lookup", parameters={"type": "object"})
+    assert compat.function_tools([lookup]) == [("lookup", {"type": "object"})]
 
 
 def test_protocol_types_and_tool_call_ids_from_older_module_locations(monkeypatch):
@@ -741,3 +721,35 @@ def test_structural_tag_support_and_request_errors(monkeypatch):
 
     monkeypatch.delattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS", raising=False)  # 0.23
     assert compat.structural_tag_models() == frozenset()
+
+
+@pytest.mark.parametrize("module", ["scanner", "values", "schema"])
+def test_the_parsers_core_imports_no_vllm(module):
+    """Only the adapter meets vLLM; the core takes the tools as plain data."""
+    import ast
+    from pathlib import Path
+
+    import vllm_spark2_5_plugin.spark2_5_tool_parser as package
+
+    tree = ast.parse((Path(package.__file__).parent / f"{module}.py").read_text())
+    imported = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    imported |= {
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    outside = {
+        name
+        for name in imported
+        if name.split(".")[0] == "vllm"
+        or ".compat" in name
+        or name.endswith("plugin.compat")
+        or name == "vllm_spark2_5_plugin.compat"
+    }
+    assert not outside, outside

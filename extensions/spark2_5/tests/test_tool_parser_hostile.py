@@ -250,17 +250,17 @@ def test_a_name_longer_than_every_declared_name_is_content_either_way(tokenizer,
         assert parse_both_ways(tokenizer, text, request) == Parsed(text)
 
 
-def test_function_tool_names_with_and_without_vllms_helper(monkeypatch):
+def test_function_tools_with_and_without_vllms_helper(monkeypatch):
     import vllm.tool_parsers.utils as utils
 
     request = chat_request(tools=[*TOOLS, tool_named("x" * 300)])
     names = ["get_weather", "typed", "x" * 300]
     schemas = [tool["function"]["parameters"] for tool in [*TOOLS, tool_named("x")]]
-    assert compat.function_tool_names(request.tools) == names
+    assert [name for name, _ in compat.function_tools(request.tools)] == names
     assert [schema for _, schema in compat.function_tools(request.tools)] == schemas
-    assert compat.function_tool_names(None) == []
+    assert compat.function_tools(None) == []
     monkeypatch.delattr(utils, "get_function_tools", raising=False)  # absent before 0.32
-    assert compat.function_tool_names(request.tools) == names
+    assert [name for name, _ in compat.function_tools(request.tools)] == names
     assert [schema for _, schema in compat.function_tools(request.tools)] == schemas
 
 

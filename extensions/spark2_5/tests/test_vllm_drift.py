@@ -417,18 +417,18 @@ def test_the_guard_reads_pydantic_fields_not_extra_keywords():
 # What each release of the range offers for the features compat and the tests
 # detect, read from its published wheel; scripts/run-matrix runs the suite on each:
 #
-#   release  WeightsMapper  find_tool_name  structural-tag  end-of-stream call to the
-#            stacking                       format list     tool parser (engine_based_streaming)
-#   0.23     no             no              no              no
-#   0.24     no             yes             yes             yes
-#   0.25+    yes            yes             yes             yes
+#   release  WeightsMapper  structural-tag  end-of-stream call to the
+#            stacking       format list     tool parser (engine_based_streaming)
+#   0.23     no             no              no
+#   0.24     no             yes             yes
+#   0.25+    yes            yes             yes
 #
 # The installed release must have exactly its row's features: a newer release that
 # loses one fails here instead of silently taking an older release's path.
 RELEASE_SHAPES = {
-    "0.23": {"stacking": False, "find_tool_name": False, "tag_formats": False, "stream_end": False},
-    "0.24": {"stacking": False, "find_tool_name": True, "tag_formats": True, "stream_end": True},
-    "0.25+": {"stacking": True, "find_tool_name": True, "tag_formats": True, "stream_end": True},
+    "0.23": {"stacking": False, "tag_formats": False, "stream_end": False},
+    "0.24": {"stacking": False, "tag_formats": True, "stream_end": True},
+    "0.25+": {"stacking": True, "tag_formats": True, "stream_end": True},
 }
 
 
@@ -442,11 +442,9 @@ def installed_shape() -> str:
 
 def installed_features() -> dict[str, bool]:
     import vllm.tool_parsers.structural_tag_registry as registry
-    import vllm.tool_parsers.utils as parser_utils
 
     return {
         "stacking": compat.weights_mapper_stacks(),
-        "find_tool_name": hasattr(parser_utils, "find_tool_name"),
         "tag_formats": hasattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS"),
         "stream_end": flushes_stream_end(),
     }
@@ -467,7 +465,6 @@ def test_the_installed_vllm_has_its_releases_shape():
 def release_shape(request, monkeypatch):
     """Make the installed vLLM look like ``request.param``'s API (see ``RELEASE_SHAPES``)."""
     import vllm.tool_parsers.structural_tag_registry as registry
-    import vllm.tool_parsers.utils as parser_utils
 
     from spark2_5_dev.older_vllm import use_older_weight_loading
 
@@ -477,8 +474,6 @@ def release_shape(request, monkeypatch):
         pytest.skip(f"the installed vLLM is older than the {request.param} shape: no {lacking}")
     if not shape["stacking"]:
         use_older_weight_loading(monkeypatch)
-    if not shape["find_tool_name"]:
-        monkeypatch.delattr(parser_utils, "find_tool_name", raising=False)  # properties stay
     if not shape["tag_formats"]:
         monkeypatch.delattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS", raising=False)
     return shape
@@ -508,7 +503,6 @@ def test_compat_takes_the_path_each_release_needs(release_shape, vllm_model_env)
     torch.testing.assert_close(layer.mlp.gate_up_proj.weight.detach(), gate_up, rtol=0, atol=0)
 
     tools = chat_request(TOOLS).tools
-    assert compat.find_tool_name(tools, "get_weather")
-    assert not compat.find_tool_name(tools, "get_weathe")
-    assert set(compat.find_tool_properties(tools, "get_weather")) == {"city", "days", "metric"}
+    (weather,) = [schema for name, schema in compat.function_tools(tools) if name == "get_weather"]
+    assert set(weather["properties"]) == {"city", "days", "metric"}
     assert ("glm_4_7" in compat.structural_tag_models()) is release_shape["tag_formats"]

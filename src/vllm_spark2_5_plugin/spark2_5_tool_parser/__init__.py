@@ -7,7 +7,8 @@ Spark2_5 writes a call as::
 The chat template renders this compact form; models also put newlines or other
 whitespace between the tags. The tags are special tokens of the real tokenizer,
 but the parser reads text, so tags spelled out character by character parse the
-same way. ``docs/tool-calling.md`` says what becomes of every output.
+same way. ``extensions/spark2_5/docs/tool-calling.md`` says what becomes of
+every output.
 
 One concern per module:
 
@@ -16,16 +17,22 @@ One concern per module:
 * ``schema``: the checks a request's tools pass before vLLM compiles a grammar;
 * ``adapter``: ``Spark25ToolParser``, the scanner behind vLLM's parser interface.
 
+The first three import no vLLM: they take the tools as plain ``(name, schema)``
+data, which the adapter resolves from the request once.
+
 vLLM loads the parser from this package (``vllm_spark2_5_plugin.spark2_5_tool_parser:
 Spark25ToolParser``), the import path the carrier registers and users configure.
 """
 
-from vllm_spark2_5_plugin.spark2_5_tool_parser.adapter import DeltaMessage, Spark25ToolParser
+from vllm_spark2_5_plugin.spark2_5_tool_parser.adapter import (
+    DeltaMessage,
+    Spark25ToolParser,
+    check_tools,
+)
 from vllm_spark2_5_plugin.spark2_5_tool_parser.scanner import MAX_IDENTIFIER_CHARS
 from vllm_spark2_5_plugin.spark2_5_tool_parser.schema import (
     MAX_GRAMMAR_SCHEMA_CHARS,
     MAX_SCHEMA_DEPTH,
-    check_tools,
 )
 from vllm_spark2_5_plugin.spark2_5_tool_parser.values import (
     MAX_INTEGER_DIGITS,

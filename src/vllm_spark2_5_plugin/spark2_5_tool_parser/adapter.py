@@ -7,16 +7,20 @@ however the output was split. A streamed call arrives in one delta (id, name
 and whole arguments) when it closes, so both of vLLM's streaming consumers
 (Chat Completions' chunks and the Responses API's events) receive every call
 complete, and a call cut off by ``max_tokens`` is never announced.
+
+The adapter is where vLLM's request types meet the parser: it resolves a request's
+tools once to ``(name, parameters)`` pairs and hands the scanner and the checks
+that plain data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm_spark2_5_plugin import compat
+from vllm_spark2_5_plugin.spark2_5_tool_parser import schema
 from vllm_spark2_5_plugin.spark2_5_tool_parser.scanner import Scanner
-from vllm_spark2_5_plugin.spark2_5_tool_parser.schema import check_grammar_size, check_tools
 
 ToolParser = compat.tool_parser_base()
 _protocol = compat.tool_call_protocol()
@@ -34,10 +38,29 @@ make_tool_call_id = compat.tool_call_id_factory()
 _STRUCTURAL_TAG_FORMAT = "glm_4_7"
 
 
-def _callable_tools(request: Any) -> Sequence[Any] | None:
+def _callable_tools(request: Any) -> dict[str, Any]:
+    """Name -> parameter schema of each function tool the model may call (the first
+    of a repeated name, as vLLM's own lookup)."""
     if request is None or getattr(request, "tool_choice", None) == "none":
-        return None
-    return request.tools or None
+        return {}
+    schemas: dict[str, Any] = {}
+    for name, parameters in compat.function_tools(request.tools):
+        schemas.setdefault(name, parameters)
+    return schemas
+
+
+def _as_400(check: Callable[..., None], *args: Any) -> None:
+    try:
+        check(*args)
+    except schema.ToolsRefused as refused:
+        raise compat.request_validation_error(
+            str(refused), parameter=refused.parameter, value=refused.value
+        ) from None
+
+
+def check_tools(tools: Sequence[Any] | None) -> None:
+    """``schema.check_tools`` on a request's ``tools``; a refusal is vLLM's 400."""
+    _as_400(schema.check_tools, compat.function_tools(tools))
 
 
 def _forces_call(tool_choice: Any) -> bool:
@@ -96,7 +119,8 @@ class Spark25ToolParser(ToolParser):
     def adjust_request(self, request: Any) -> Any:
         # Before the base: on vLLM 0.23 it moves a forced request's "$defs" out of
         # the tools it turns into a JSON grammar, and they would go unchecked.
-        check_tools(request.tools)
+        tools = compat.function_tools(request.tools)
+        _as_400(schema.check_tools, tools)
         request = super().adjust_request(request)
         if not request.tools or request.tool_choice == "none":
             return request
@@ -105,7 +129,7 @@ class Spark25ToolParser(ToolParser):
         structured_outputs = getattr(request, "structured_outputs", None)
         structural_tag = getattr(structured_outputs, "structural_tag", None)
         if structural_tag is not None:
-            check_grammar_size(request.tools, structural_tag)
+            _as_400(schema.check_grammar_size, tools, structural_tag)
         elif _forces_call(request.tool_choice):
             raise _unconstrained_forced_call_error(self, request.tool_choice)
         return request

@@ -14,10 +14,9 @@ so what a consumer receives never has to be taken back or completed.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from vllm_spark2_5_plugin import compat
 from vllm_spark2_5_plugin.spark2_5_tool_parser.values import compact_json, value_json
 
 TOOL_CALL_START = "<tool_call>"
@@ -43,17 +42,17 @@ _IN_CALL = frozenset(("body", "key", "gap", "value"))
 class Scanner:
     """Incremental reader of Spark2_5 output.
 
-    ``feed`` text in pieces, then ``finish``. Output accumulates in ``content``
+    ``schemas`` maps each function tool the request lets the model call to its
+    parameter schema. ``feed`` text in pieces, then ``finish``. Output accumulates in ``content``
     (text pieces) and ``calls`` (``(name, arguments)`` of each closed call); the
     owner drains both. Markup inside a call that forms no key/value pair is
     content, reported together with its call when the call closes.
     """
 
-    def __init__(self, tools: Sequence[Any] | None) -> None:
+    def __init__(self, schemas: Mapping[str, Any]) -> None:
         self.content: list[str] = []
         self.calls: list[tuple[str, str]] = []
-        self._tools = tools
-        self._schemas = dict(compat.function_tools(tools))
+        self._schemas = schemas
         # The longest name that may be a call. Streaming must give up on a name at
         # some length; refusing longer names everywhere makes both paths agree.
         self._name_limit = max([MAX_IDENTIFIER_CHARS, *map(len, self._schemas)])
@@ -174,7 +173,7 @@ class Scanner:
     def _tag(self, tag: str) -> None:
         state = self._state
         if state == "content":
-            if tag == TOOL_CALL_START and self._tools:
+            if tag == TOOL_CALL_START and self._schemas:
                 self._begin("name", tag)
                 self._block = []
             else:
@@ -228,11 +227,11 @@ class Scanner:
 
     def _open_call(self, name: str) -> bool:
         too_long = len(name) > self._name_limit
-        if not name or too_long or not compat.find_tool_name(self._tools, name):
+        if not name or too_long or name not in self._schemas:
             return False
         self._name = name
-        self._root = self._schemas.get(name)
-        properties = compat.find_tool_properties(self._tools, name)
+        self._root = self._schemas[name]
+        properties = self._root.get("properties") if isinstance(self._root, dict) else None
         self._properties = properties if isinstance(properties, dict) else {}
         self._pairs = {}
         self._call_content = []

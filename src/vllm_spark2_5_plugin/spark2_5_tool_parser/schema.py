@@ -1,7 +1,8 @@
 """The checks a request's function tools pass before vLLM builds a grammar.
 
 A tool whose name no Spark2_5 call can carry, or whose parameters are not a
-usable JSON Schema, is refused with a 400 naming the tool (``check_tools``).
+usable JSON Schema, is refused naming the tool (``check_tools``); the adapter
+answers the refusal with a 400. The tools arrive as ``(name, parameters)`` pairs.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from vllm_spark2_5_plugin import compat
 from vllm_spark2_5_plugin.spark2_5_tool_parser.scanner import TAGS, WHITESPACE
 from vllm_spark2_5_plugin.spark2_5_tool_parser.values import nests_deeper_than
 
@@ -139,47 +139,51 @@ def _schema_problem(schema: dict[str, Any]) -> str | None:
     return None
 
 
-def check_tools(tools: Sequence[Any] | None) -> None:
-    """Refuse, with a 400 naming the tool, a function tool no Spark2_5 call can
-    name or whose parameters are not a usable JSON Schema. vLLM takes both: the
-    model is shown a tool it cannot call, ``tool_choice="required"`` ends
-    without a call, and a forced call's broken schema fails later as a grammar
-    error that names nothing, in a stream only after the response has begun."""
-    for name, parameters in compat.function_tools(tools):
+class ToolsRefused(ValueError):
+    """A request's ``tools`` that the carrier refuses; ``value`` names the tool."""
+
+    parameter = "tools"
+
+    def __init__(self, message: str, value: str) -> None:
+        super().__init__(message)
+        self.value = value
+
+
+def check_tools(tools: Sequence[tuple[str, Any]]) -> None:
+    """Refuse a function tool no Spark2_5 call can name or whose parameters are not
+    a usable JSON Schema. vLLM takes both: the model is shown a tool it cannot
+    call, ``tool_choice="required"`` ends without a call, and a forced call's
+    broken schema fails later as a grammar error that names nothing, in a stream
+    only after the response has begun."""
+    for name, parameters in tools:
         if problem := _name_problem(name):
-            raise compat.request_validation_error(
+            raise ToolsRefused(
                 f"tools: the function name {_shown(name)} {problem}, so the model could "
                 "never call it. Fix: name the tool with letters, digits, '_' and '-' only.",
-                parameter="tools",
                 value=_shown(name),
             )
         if isinstance(parameters, dict) and (problem := _schema_problem(parameters)):
-            raise compat.request_validation_error(
+            raise ToolsRefused(
                 f"tools: the parameters of function {_shown(name)} are not a usable JSON "
                 f"Schema: {problem}. Fix: correct the schema there (https://json-schema.org).",
-                parameter="tools",
                 value=_shown(name),
             )
 
 
-def check_grammar_size(tools: Sequence[Any] | None, structural_tag: str) -> None:
-    """Refuse, with a 400 naming the largest tool, a request whose call grammar
+def check_grammar_size(tools: Sequence[tuple[str, Any]], structural_tag: str) -> None:
+    """Refuse, naming the largest tool, a request whose call grammar
     (``structural_tag``, the JSON vLLM compiles) is longer than
     ``MAX_GRAMMAR_SCHEMA_CHARS``."""
     size = len(structural_tag)
     if size <= MAX_GRAMMAR_SCHEMA_CHARS:
         return
-    sizes = [
-        (len(json.dumps(schema, ensure_ascii=False)), name)
-        for name, schema in compat.function_tools(tools)
-    ]
+    sizes = [(len(json.dumps(schema, ensure_ascii=False)), name) for name, schema in tools]
     largest, name = max(sizes, default=(0, ""))
-    raise compat.request_validation_error(
+    raise ToolsRefused(
         f"tools: the grammar that constrains this request's tool calls would be "
         f"{size:,} characters, more than the {MAX_GRAMMAR_SCHEMA_CHARS:,} one request may "
         f"have compiled; the largest tool is function {_shown(name)} (parameters of "
         f"{largest:,} characters). Fix: send fewer tools or fewer parameters, or "
         f'tool_choice="auto" without "strict" tools.',
-        parameter="tools",
         value=_shown(name),
     )
