@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from spark2_5_dev import quantize, weight_updates
 from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
@@ -49,6 +51,12 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
     workdir = tmp_path_factory.mktemp("weight-updates")
     result = run_driver("spark2_5_dev.weight_updates", [], workdir, timeout=1500, name="updates")
     return result, (workdir / "updates.log").read_text(errors="replace")
+
+
+def vllm_version() -> str:
+    from importlib.metadata import version
+
+    return version("vllm")
 
 
 def transfer_steps(measured) -> None:
@@ -152,12 +160,24 @@ def test_a_quantized_checkpoint_reloads_to_what_a_fresh_engine_serves(measured, 
             assert result["pushed_equals_fresh"] == {"a": True, "b": True}, (path, result)
 
 
+# vLLM 0.23's AVX2 kernel library ends the process (SIGSEGV) at the first request
+# that asks for log-probs, in-tree Llama's and float checkpoints' too (seen on 0.23.0;
+# 0.32.0 and 0.33.0 do not).
+AVX2_LOGPROBS_CRASH_BEFORE = Version("0.24")
+
+
 @pytest.fixture(scope="module")
 def on_avx2(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The quantized reloads again, in a process whose vLLM takes an AVX2 CPU's path."""
     workdir = tmp_path_factory.mktemp("weight-updates-avx2")
     args = ["--quantized-only", "--as-avx2-cpu"]
-    return run_driver("spark2_5_dev.weight_updates", args, workdir, timeout=900, name="avx2")
+    try:
+        return run_driver("spark2_5_dev.weight_updates", args, workdir, timeout=900, name="avx2")
+    except AssertionError as failed:
+        crashed = str(failed).startswith(f"exit code -{signal.SIGSEGV.value}\n")
+        if crashed and Version(vllm_version()) < AVX2_LOGPROBS_CRASH_BEFORE:
+            pytest.xfail(f"vLLM {vllm_version()}: its AVX2 kernel library crashes on log-probs")
+        raise
 
 
 @pytest.mark.parametrize("fmt", quantize.FORMATS)

@@ -30,7 +30,9 @@ def run_driver(
             timeout=timeout,
             start_new_session=True,
         )
-    assert done.returncode == 0, log.read_text(errors="replace")[-8000:]
+    assert done.returncode == 0, (
+        f"exit code {done.returncode}\n" + log.read_text(errors="replace")[-8000:]
+    )
     return json.loads(out.read_text())
 
 
