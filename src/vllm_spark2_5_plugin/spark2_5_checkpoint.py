@@ -31,6 +31,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
@@ -64,6 +65,7 @@ ALWAYS_UNQUANTIZED = (
     "layers.post_attention_layernorm.weight",
     "layers.self_attn.g_proj.weight",
 )
+T = TypeVar("T")
 _LAYER_PREFIX = re.compile(r"^model\.layers\.\d+\.")
 _CONFIG_KEY = re.compile(r"[a-z_]+")
 
@@ -174,48 +176,25 @@ def has_non_finite(tensor: torch.Tensor) -> bool:
 
 # --- damaged safetensors files ------------------------------------------------------
 
-_HEADER_LENGTH_BYTES = 8
-
 
 def safetensors_damage(path: Path) -> str | None:
-    """What is wrong with the safetensors file at ``path``, or None if its header is
-    sound and its tensor data covers the rest of the file exactly."""
-    return _checked_header(path)[1]
+    """What is wrong with the safetensors file at ``path``, or None if safetensors
+    reads its header and the tensor data covers the rest of the file exactly."""
+    return _opened(path, lambda _: None)[1]
 
 
-def _checked_header(path: Path) -> tuple[dict | None, str | None]:
-    """The safetensors file's header and None, or None and what is wrong with it."""
+def _opened(path: Path, read: Callable[[Any], T]) -> tuple[T | None, str | None]:
+    """``read(file)`` of the safetensors file opened at ``path`` and None, or None and
+    what is wrong with the file."""
+    from safetensors import SafetensorError, safe_open
+
     try:
-        size = path.stat().st_size
-        with path.open("rb") as file:
-            length_bytes = file.read(_HEADER_LENGTH_BYTES)
-            if len(length_bytes) < _HEADER_LENGTH_BYTES:
-                return None, f"the file has {size} bytes, fewer than the 8-byte header length"
-            header_length = int.from_bytes(length_bytes, "little")
-            if _HEADER_LENGTH_BYTES + header_length > size:
-                return None, (
-                    f"its header claims {header_length} bytes but the file has only {size} "
-                    "bytes: it is truncated"
-                )
-            header = json.loads(file.read(header_length))
+        with safe_open(str(path), framework="pt") as file:
+            return read(file), None
     except OSError as exc:
         return None, f"it cannot be read ({exc.strerror or exc})"
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None, "its header is not valid JSON"
-    if not isinstance(header, dict):
-        return None, "its header is not a JSON object"
-    ends = [
-        entry["data_offsets"][1]
-        for key, entry in header.items()
-        if key != "__metadata__" and isinstance(entry, dict) and "data_offsets" in entry
-    ]
-    data_size = size - _HEADER_LENGTH_BYTES - header_length
-    if ends and max(ends) != data_size:
-        return None, (
-            f"its header places tensor data up to byte {max(ends)} of the data section, "
-            f"which has {data_size} bytes: it is truncated or damaged"
-        )
-    return header, None
+    except SafetensorError as exc:
+        return None, f"it is truncated or damaged (safetensors: {exc})"
 
 
 def checkpoint_folder(model: str, revision: str | None, download_dir: str | None) -> Path | None:
@@ -234,7 +213,42 @@ def checkpoint_folder(model: str, revision: str | None, download_dir: str | None
     return Path(folder)
 
 
-# safetensors dtype names -> torch dtypes, for tensors described by a file's header.
+def described_tensors(folder: Path | None) -> list[tuple[str, torch.Tensor]] | None:
+    """Every tensor of ``folder``'s safetensors checkpoint as a data-less ("meta")
+    tensor of its name, shape and dtype, read from the headers alone (the files an
+    index lists, else every ``*.safetensors``); None where the folder has no such
+    checkpoint or a file cannot be read (loading then names the damage)."""
+    if folder is None:
+        return None
+    index = folder / "model.safetensors.index.json"
+    try:
+        if index.is_file():
+            files = sorted(
+                {folder / name for name in json.loads(index.read_text())["weight_map"].values()}
+            )
+        else:
+            files = sorted(folder.glob("*.safetensors"))
+        described = []
+        for path in files:
+            tensors, damage = _opened(path, _meta_tensors)
+            if damage is not None:
+                return None
+            described += tensors
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
+        return None
+    return described or None
+
+
+def _meta_tensors(file: Any) -> list[tuple[str, torch.Tensor]]:
+    described = []
+    for name in file.keys():  # noqa: SIM118 (a safetensors file is not iterable)
+        part = file.get_slice(name)
+        dtype = _SAFETENSORS_DTYPES[part.get_dtype()]  # KeyError: described as unreadable
+        described.append((name, torch.empty(part.get_shape(), dtype=dtype, device="meta")))
+    return described
+
+
+# safetensors dtype names -> torch dtypes, for tensors described by a header.
 _SAFETENSORS_DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -249,36 +263,6 @@ _SAFETENSORS_DTYPES = {
     "U8": torch.uint8,
     "BOOL": torch.bool,
 }
-
-
-def described_tensors(folder: Path | None) -> list[tuple[str, torch.Tensor]] | None:
-    """Every tensor of ``folder``'s safetensors checkpoint as a data-less ("meta")
-    tensor of its name, shape and dtype, read from the headers alone (the files an
-    index lists, else every ``*.safetensors``); None where the folder has no such
-    checkpoint or a header cannot be read (loading then names the damage)."""
-    if folder is None:
-        return None
-    index = folder / "model.safetensors.index.json"
-    try:
-        if index.is_file():
-            files = sorted(
-                {folder / name for name in json.loads(index.read_text())["weight_map"].values()}
-            )
-        else:
-            files = sorted(folder.glob("*.safetensors"))
-        described = []
-        for path in files:
-            header, damage = _checked_header(path)
-            if damage is not None:
-                return None
-            for name, entry in header.items():
-                if name == "__metadata__":
-                    continue
-                dtype = _SAFETENSORS_DTYPES[entry["dtype"]]
-                described.append((name, torch.empty(entry["shape"], dtype=dtype, device="meta")))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
-        return None
-    return described or None
 
 
 def refuse_damaged_files(folder: Path) -> None:
