@@ -57,6 +57,7 @@ from vllm_spark2_5_plugin.spark2_5_checkpoint import (
 from vllm_spark2_5_plugin.spark2_5_config import SLIDING_ATTENTION, Spark2_5Config
 from vllm_spark2_5_plugin.spark2_5_loading import WeightIntake, watch_update_sessions
 from vllm_spark2_5_plugin.spark2_5_lora import AdapterChecks
+from vllm_spark2_5_plugin.spark2_5_names import PACKED_MODULES
 
 Attention = compat.attention_cls()
 logger = logging.getLogger("vllm.spark2_5_plugin")
@@ -301,15 +302,9 @@ class Spark2_5Model(nn.Module):
 
 @watch_update_sessions
 class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
-    # Packed vLLM module -> the modules a PEFT adapter of the released model
-    # targets. That model's attention has one fused q_k_v_proj, so adapters
-    # carry one lora_A/lora_B pair for it; its MLP has gate_proj and up_proj.
-    # Every linear layer may be targeted, g_proj included: its delta adds to the
-    # gate logits before the activation, as merged weights would.
-    packed_modules_mapping: ClassVar[dict[str, list[str]]] = {
-        "q_k_v_proj": ["q_k_v_proj"],
-        "gate_up_proj": ["gate_proj", "up_proj"],
-    }
+    # Every linear layer may be targeted by an adapter, g_proj included: its delta
+    # adds to the gate logits before the activation, as merged weights would.
+    packed_modules_mapping: ClassVar[dict[str, list[str]]] = PACKED_MODULES
     embedding_modules: ClassVar[dict[str, str]] = {
         "embedding": "input_embeddings",
         "lm_head": "output_embeddings",

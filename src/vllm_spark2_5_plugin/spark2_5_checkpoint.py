@@ -36,37 +36,9 @@ from typing import Any, TypeVar
 import torch
 
 from vllm_spark2_5_plugin.spark2_5_config import Spark2_5Config
+from vllm_spark2_5_plugin.spark2_5_names import ALWAYS_UNQUANTIZED, CHECKPOINT_SHAPES, layer_generic
 
-# Checkpoint name (decoder layers as "layers.") -> its shape, as expressions of the config.
-CHECKPOINT_SHAPES: dict[str, tuple[str, ...]] = {
-    "model.embedding.weight": ("vocab_size", "hidden_size"),
-    "lm_head.weight": ("vocab_size", "hidden_size"),
-    "model.norm.weight": ("hidden_size",),
-    "layers.input_layernorm.weight": ("hidden_size",),
-    "layers.post_attention_layernorm.weight": ("hidden_size",),
-    "layers.self_attn.q_k_v_proj.weight": (
-        "(num_attention_heads + 2 * num_key_value_heads) * head_dim",
-        "hidden_size",
-    ),
-    "layers.self_attn.q_proj.weight": ("num_attention_heads * head_dim", "hidden_size"),
-    "layers.self_attn.k_proj.weight": ("num_key_value_heads * head_dim", "hidden_size"),
-    "layers.self_attn.v_proj.weight": ("num_key_value_heads * head_dim", "hidden_size"),
-    "layers.self_attn.g_proj.weight": ("num_attention_heads", "hidden_size"),
-    "layers.self_attn.out_proj.weight": ("hidden_size", "num_attention_heads * head_dim"),
-    "layers.mlp.gate_proj.weight": ("intermediate_size", "hidden_size"),
-    "layers.mlp.up_proj.weight": ("intermediate_size", "hidden_size"),
-    "layers.mlp.gate_up_proj.weight": ("2 * intermediate_size", "hidden_size"),
-    "layers.mlp.down_proj.weight": ("hidden_size", "intermediate_size"),
-}
-# Layers built without the quantization config, so plain floating tensors in any checkpoint.
-ALWAYS_UNQUANTIZED = (
-    "model.norm.weight",
-    "layers.input_layernorm.weight",
-    "layers.post_attention_layernorm.weight",
-    "layers.self_attn.g_proj.weight",
-)
 T = TypeVar("T")
-_LAYER_PREFIX = re.compile(r"^model\.layers\.\d+\.")
 _CONFIG_KEY = re.compile(r"[a-z_]+")
 
 
@@ -109,7 +81,7 @@ class TensorChecks:
     def check_layout(self, name: str, tensor: torch.Tensor) -> None:
         """Refuse a tensor whose dtype is not floating point or whose shape is not the
         one ``config.json`` implies for ``name``."""
-        shape_key = _LAYER_PREFIX.sub("layers.", name)
+        shape_key = layer_generic(name)
         if not self._applies(shape_key):
             return
         if not tensor.is_floating_point() and self.quantized and ".g_proj." in name:
@@ -136,16 +108,13 @@ class TensorChecks:
 
     def check_values(self, name: str, tensor: torch.Tensor) -> None:
         """Refuse a floating tensor holding NaN or infinity, if asked to check."""
-        shape_key = _LAYER_PREFIX.sub("layers.", name)
+        shape_key = layer_generic(name)
         if not (self.check_finite and tensor.is_floating_point() and self._applies(shape_key)):
             return
         if has_non_finite(tensor):
-            nan = int(torch.isnan(tensor).sum())
-            inf = int(torch.isinf(tensor).sum())
             raise Spark2_5CheckpointError(
-                f"Checkpoint tensor {name!r} holds {nan} NaN and {inf} infinite values "
-                f"(of {tensor.numel()}); the model would compute NaN. The checkpoint is "
-                "damaged: re-download or re-export it"
+                f"Checkpoint tensor {name!r} {non_finite_counts(tensor)}; the model would "
+                "compute NaN. The checkpoint is damaged: re-download or re-export it"
             )
 
 
@@ -172,6 +141,12 @@ def has_non_finite(tensor: torch.Tensor) -> bool:
         tensor = tensor.to(torch.float16)
     low, high = torch.aminmax(tensor)
     return not bool(torch.isfinite(low) & torch.isfinite(high))
+
+
+def non_finite_counts(tensor: torch.Tensor) -> str:
+    """``holds N NaN and M infinite values (of T)``, for an error naming the tensor."""
+    nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+    return f"holds {nan} NaN and {inf} infinite values (of {tensor.numel()})"
 
 
 # --- damaged safetensors files ------------------------------------------------------

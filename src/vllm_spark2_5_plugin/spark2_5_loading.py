@@ -52,21 +52,16 @@ from vllm_spark2_5_plugin.spark2_5_checkpoint import (
     described_tensors,
     quantized_g_proj_error,
 )
+from vllm_spark2_5_plugin.spark2_5_names import (
+    EMBEDDING,
+    LORA_WRAPPED,
+    STACKED_PARAMS,
+    checkpoint_parts,
+    packed_target,
+)
 
-# Checkpoint name part -> (packed parameter name part, shard id). Dotted on both
-# sides so ".up_proj." never matches inside ".gate_up_proj.".
-STACKED_PARAMS = {
-    ".q_proj.": (".q_k_v_proj.", "q"),
-    ".k_proj.": (".q_k_v_proj.", "k"),
-    ".v_proj.": (".q_k_v_proj.", "v"),
-    ".gate_proj.": (".gate_up_proj.", 0),
-    ".up_proj.": (".gate_up_proj.", 1),
-}
-EMBEDDING = "model.embedding.weight"
 _WHOLE = "whole tensor"
 NAMED = 8  # how many tensors an error or warning about a push names
-# vLLM's LoRA layers wrap the layer they adapt; its parameters keep their names under it.
-_LORA_WRAPPED = ".base_layer."
 
 logger = logging.getLogger("vllm.spark2_5_plugin")
 
@@ -90,7 +85,7 @@ class CheckpointLedger:
         self.skip_prefixes = skip_prefixes
         self.checks = checks
         self.params = {
-            name.replace(_LORA_WRAPPED, "."): param for name, param in model.named_parameters()
+            name.replace(LORA_WRAPPED, "."): param for name, param in model.named_parameters()
         }
         # An attention layer's only parameters are KV-cache quantization scales,
         # which default to 1 when a checkpoint has none.
@@ -170,23 +165,6 @@ class CheckpointLedger:
                 + ". Check that it matches its config.json (layers, tie_word_embeddings, "
                 "headwise_attn_output_gate)"
             )
-
-
-def packed_target(name: str) -> tuple[str, str | int | None]:
-    """The parameter a checkpoint tensor loads into, and the shard id if it is one part."""
-    for part, (packed_part, shard_id) in STACKED_PARAMS.items():
-        if part in name:
-            return name.replace(part, packed_part, 1), shard_id
-    return name, None
-
-
-def checkpoint_parts(target: str) -> dict[str | int, str]:
-    """For a packed parameter, its shard ids and the checkpoint names that fill them."""
-    return {
-        shard_id: target.replace(packed_part, part, 1)
-        for part, (packed_part, shard_id) in STACKED_PARAMS.items()
-        if packed_part in target
-    }
 
 
 OUTSIDE_SESSION = (

@@ -16,18 +16,21 @@ not from a file.
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vllm_spark2_5_plugin.spark2_5_checkpoint import CHECKPOINT_SHAPES, TensorChecks, has_non_finite
+from vllm_spark2_5_plugin.spark2_5_checkpoint import (
+    TensorChecks,
+    has_non_finite,
+    non_finite_counts,
+)
+from vllm_spark2_5_plugin.spark2_5_names import CHECKPOINT_SHAPES, LAYER_PREFIX
 
 if TYPE_CHECKING:
     from vllm_spark2_5_plugin.spark2_5_config import Spark2_5Config
 
 PEFT_PREFIX = "base_model.model."
-_LAYER_MODULE = re.compile(r"^model\.layers\.(\d+)\.")
 # vLLM module name -> the weight whose (out, in) shape the adapter's pair spans.
 _WHOLE_MODEL_WEIGHTS = {"model.embedding": "model.embedding.weight", "lm_head": "lm_head.weight"}
 _EMBEDDING = "model.embedding"
@@ -59,7 +62,7 @@ class AdapterChecks:
         """The ``[out, in]`` of ``module``'s weight and how the config implies it."""
         weight = _WHOLE_MODEL_WEIGHTS.get(module)
         if weight is None:
-            match = _LAYER_MODULE.match(module)
+            match = LAYER_PREFIX.match(module)
             if match is None:
                 raise Spark2_5LoRAError(
                     f"LoRA adapter module {module!r} is not a module of Spark2_5"
@@ -100,11 +103,10 @@ class AdapterChecks:
     def _check_values(self, module: str, weights: Any) -> None:
         for side, tensor in (("A", weights.lora_a), ("B", weights.lora_b)):
             if has_non_finite(tensor):
-                nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
                 raise Spark2_5LoRAError(
-                    f"LoRA adapter tensor {_tensor_name(module, side)!r} holds {nan} NaN and "
-                    f"{inf} infinite values (of {tensor.numel()}); every request through it "
-                    "would compute NaN. The adapter is damaged: re-export it"
+                    f"LoRA adapter tensor {_tensor_name(module, side)!r} "
+                    f"{non_finite_counts(tensor)}; every request through it would compute "
+                    "NaN. The adapter is damaged: re-export it"
                 )
 
 

@@ -66,7 +66,7 @@ def test_weights_mapper_stacking_is_detected_by_its_field(older_vllm):
 
 
 def test_stacked_mapper_tags_shards_and_keeps_fused_names():
-    from vllm_spark2_5_plugin.spark2_5_loading import STACKED_PARAMS
+    from vllm_spark2_5_plugin.spark2_5_names import STACKED_PARAMS
 
     if not compat.weights_mapper_stacks():
         pytest.skip(
@@ -95,7 +95,7 @@ def test_stacked_mapper_tags_shards_and_keeps_fused_names():
 
 
 def test_stacked_mapper_is_empty_without_stacking(older_vllm):
-    from vllm_spark2_5_plugin.spark2_5_loading import STACKED_PARAMS
+    from vllm_spark2_5_plugin.spark2_5_names import STACKED_PARAMS
 
     assert compat.stacked_weights_mapper(STACKED_PARAMS) == WeightsMapperWithoutStacking()
 
@@ -112,7 +112,7 @@ def layer(vllm_model_env):
 def test_load_weights_fills_packed_shards_and_drops_skipped_names(layer, request, api):
     if api == "older":
         request.getfixturevalue("older_vllm")
-    from vllm_spark2_5_plugin.spark2_5_loading import STACKED_PARAMS
+    from vllm_spark2_5_plugin.spark2_5_names import STACKED_PARAMS
 
     weights = split_weights(seed=0)
     stray = {"lm_head.weight": torch.zeros(3)}  # would fail to load if it reached the loader
@@ -133,7 +133,7 @@ def test_load_weights_fills_packed_shards_and_drops_skipped_names(layer, request
 def test_load_weights_loads_a_fused_qkv_with_no_shard_id(layer, request, api):
     if api == "older":
         request.getfixturevalue("older_vllm")
-    from vllm_spark2_5_plugin.spark2_5_loading import STACKED_PARAMS
+    from vllm_spark2_5_plugin.spark2_5_names import STACKED_PARAMS
 
     weights = split_weights(seed=1)
     qkv, gate_up = expected_packed(weights)

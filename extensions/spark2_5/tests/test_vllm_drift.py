@@ -485,7 +485,7 @@ def test_compat_takes_the_path_each_release_needs(release_shape, vllm_model_env)
 
     from spark2_5_dev.packed_layer import LOADED, Layer, expected_packed, split_weights
     from spark2_5_dev.tool_parsing import TOOLS, chat_request
-    from vllm_spark2_5_plugin.spark2_5_loading import STACKED_PARAMS
+    from vllm_spark2_5_plugin.spark2_5_names import STACKED_PARAMS
 
     assert compat.weights_mapper_stacks() is release_shape["stacking"]
     with set_current_vllm_config(VllmConfig()):
