@@ -149,6 +149,7 @@ def test_build_job_runs_every_check_before_uploading():
         "check-wheel-contents dist/*.whl",
         "scripts/check-dist",
         "--install-check",
+        "--audit",
         "--receipt",
     ):
         assert check in text
@@ -293,7 +294,7 @@ def test_check_wheel_contents_accepts_the_wheel(built: Path):
 
 def test_check_dist_accepts_a_fresh_build_and_writes_the_receipt(built: Path, tmp_path: Path):
     receipt_path = tmp_path / "receipt.json"
-    args = [str(built), "--install-check", "--tag", f"v{VERSION}"]
+    args = [str(built), "--install-check", "--audit", "--tag", f"v{VERSION}"]
     args += ["--receipt", str(receipt_path)]
     done = subprocess.run(
         [sys.executable, str(CHECK_DIST), *args],

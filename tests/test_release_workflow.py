@@ -160,7 +160,7 @@ def test_build_tools_are_pinned_exactly():
     install = next(
         s for s in _jobs()["build"]["steps"] if s.get("name") == "Install the build tools"
     )
-    tools = ("build", "twine", "check-wheel-contents")
+    tools = ("build", "twine", "check-wheel-contents", "pip-audit")
     pins = " ".join(rf'"{tool}==[\d.]+"' for tool in tools)
     assert re.fullmatch(rf"python -m pip install {pins}", install["run"])
 
