@@ -3,12 +3,14 @@
 One version everywhere it appears; the host range pins what CI verifies; the
 publish workflow's invariants (read-only build, token-free attested publish,
 receipt, the indexes' addresses from checked repository variables);
-``scripts/check-dist`` on freshly built files, including planted faults; two
-builds with one ``SOURCE_DATE_EPOCH`` are byte-identical.
+``scripts/check-dist``, ``twine check`` and ``check-wheel-contents`` on freshly
+built files, including planted faults; two builds with one ``SOURCE_DATE_EPOCH``
+are byte-identical.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import io
 import json
@@ -142,7 +144,14 @@ def test_build_job_runs_every_check_before_uploading():
     build = read_workflow("publish.yml")["jobs"]["build"]
     text = _run_text(build)
     assert 'SOURCE_DATE_EPOCH="$(git log -1 --format=%ct)"' in text
-    for check in ("twine check --strict", "scripts/check-dist", "--install-check", "--receipt"):
+    for check in (
+        "twine check --strict",
+        "check-wheel-contents dist/*.whl",
+        "scripts/check-dist",
+        "--install-check",
+        "--audit",
+        "--receipt",
+    ):
         assert check in text
     assert "--tag" in text and "--release" in text
     names = [step.get("name", step.get("uses", "")) for step in _steps(build)]
@@ -255,18 +264,38 @@ def _check(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str]:
     return code, captured.out + captured.err
 
 
-def test_twine_accepts_the_files(built: Path):
-    done = subprocess.run(
-        [sys.executable, "-m", "twine", "check", "--strict", *map(str, _files(built))],
+def _twine_check(*files: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "twine", "--no-color", "check", "--strict", *map(str, files)],
         capture_output=True,
         text=True,
     )
+
+
+def _check_wheel_contents(wheel: Path) -> subprocess.CompletedProcess:
+    """check-wheel-contents as the build job runs it: from the root, with pyproject's config."""
+    return subprocess.run(
+        [sys.executable, "-m", "check_wheel_contents", str(wheel)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+def test_twine_accepts_the_files(built: Path):
+    done = _twine_check(*_files(built))
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_check_wheel_contents_accepts_the_wheel(built: Path):
+    done = _check_wheel_contents(_files(built)[1])
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_check_dist_accepts_a_fresh_build_and_writes_the_receipt(built: Path, tmp_path: Path):
     receipt_path = tmp_path / "receipt.json"
-    args = [str(built), "--install-check", "--tag", f"v{VERSION}", "--receipt", str(receipt_path)]
+    args = [str(built), "--install-check", "--audit", "--tag", f"v{VERSION}"]
+    args += ["--receipt", str(receipt_path)]
     done = subprocess.run(
         [sys.executable, str(CHECK_DIST), *args],
         capture_output=True,
@@ -316,6 +345,11 @@ def test_the_wheel_holds_the_manifest_entry_points_and_licenses(built: Path):
         assert f"vllm_spark2_5_plugin-{VERSION}.dist-info/licenses/{license_file}" in names
 
 
+def _record_hash(data: bytes) -> str:
+    digest = hashlib.sha256(data).digest()
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
 def _rewrite_wheel(source: Path, target: Path, changes: dict[str, bytes | None]) -> None:
     """Copy a wheel with files replaced/added (bytes) or removed (None); RECORD stays true."""
     record_name = f"vllm_spark2_5_plugin-{VERSION}.dist-info/RECORD"
@@ -329,25 +363,28 @@ def _rewrite_wheel(source: Path, target: Path, changes: dict[str, bytes | None])
     contents.pop(record_name)
     record = io.StringIO()
     for name, data in contents.items():
-        record.write(f"{name},{check_dist['_record_hash'](data)},{len(data)}\n")
+        record.write(f"{name},{_record_hash(data)},{len(data)}\n")
     contents[record_name] = record.getvalue().encode() + f"{record_name},,\n".encode()
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zout:
         for name, data in contents.items():
             zout.writestr(name, data)
 
 
-def _add_to_sdist(source: Path, target: Path, extra: dict[str, bytes]) -> None:
+def _rewrite_sdist(source: Path, target: Path, changes: dict[str, bytes | None]) -> None:
+    """Copy an sdist with files (paths below its top folder) added (bytes) or removed (None)."""
     top = f"vllm_spark2_5_plugin-{VERSION}/"
     with tarfile.open(source, "r:gz") as tin, tarfile.open(target, "w:gz") as tout:
         for member in tin.getmembers():
-            tout.addfile(member, tin.extractfile(member) if member.isfile() else None)
-        for relative, data in extra.items():
-            info = tarfile.TarInfo(top + relative)
-            info.size = len(data)
-            tout.addfile(info, io.BytesIO(data))
+            if member.name.removeprefix(top) not in changes:
+                tout.addfile(member, tin.extractfile(member) if member.isfile() else None)
+        for relative, data in changes.items():
+            if data is not None:
+                info = tarfile.TarInfo(top + relative)
+                info.size = len(data)
+                tout.addfile(info, io.BytesIO(data))
 
 
-def _faulty(tmp_path: Path, built: Path, wheel_changes=None, sdist_extra=None) -> Path:
+def _faulty(tmp_path: Path, built: Path, wheel_changes=None, sdist_changes=None) -> Path:
     sdist, wheel = _files(built)
     out = tmp_path / "faulty"
     out.mkdir()
@@ -355,10 +392,10 @@ def _faulty(tmp_path: Path, built: Path, wheel_changes=None, sdist_extra=None) -
         shutil.copy2(wheel, out / wheel.name)
     else:
         _rewrite_wheel(wheel, out / wheel.name, wheel_changes)
-    if sdist_extra is None:
+    if sdist_changes is None:
         shutil.copy2(sdist, out / sdist.name)
     else:
-        _add_to_sdist(sdist, out / sdist.name, sdist_extra)
+        _rewrite_sdist(sdist, out / sdist.name, sdist_changes)
     return out
 
 
@@ -372,7 +409,6 @@ def test_check_dist_rejects_a_wheel_without_its_manifest(built, tmp_path, capsys
     code, output = _check(capsys, str(_faulty(tmp_path, built, {manifest: None})))
     assert code == 1
     assert "must hold exactly one rendered vllm-hust-extension-v*.json, found none" in output
-    assert f"src/{manifest} is not in the wheel" in output
 
 
 def test_check_dist_rejects_a_stale_manifest_version(built, tmp_path, capsys):
@@ -385,27 +421,60 @@ def test_check_dist_rejects_a_stale_manifest_version(built, tmp_path, capsys):
     assert code == 1 and "extension_version='0.0.1', expected" in output
 
 
-def test_check_dist_rejects_a_file_that_does_not_match_record(built, tmp_path, capsys):
-    faulty = _faulty(tmp_path, built)
-    wheel = next(faulty.glob("*.whl"))
-    with zipfile.ZipFile(wheel, "a") as zf:
-        zf.writestr("vllm_spark2_5_plugin/extra.py", b"print('not in RECORD')\n")
-    code, output = _check(capsys, str(faulty))
-    assert code == 1 and "vllm_spark2_5_plugin/extra.py is not listed in RECORD" in output
+def test_check_wheel_contents_rejects_stray_missing_cached_and_duplicate_files(built, tmp_path):
+    """What check-dist no longer checks itself: the wheel ships exactly src/'s files."""
+    manifest = _manifest_in_wheel(built)
+    pyc = "vllm_spark2_5_plugin/__pycache__/x.cpython-311.pyc"
+    with zipfile.ZipFile(_files(built)[1]) as zf:
+        init = zf.read("vllm_spark2_5_plugin/__init__.py")
+    changes = {
+        manifest: None,
+        "transformers.py": b"",
+        pyc: b"\0",
+        "vllm_spark2_5_plugin/copy_of_init.py": init,
+    }
+    done = _check_wheel_contents(next(_faulty(tmp_path, built, changes).glob("*.whl")))
+    assert done.returncode == 1
+    found: dict[str, set[str]] = {}  # check code -> the paths it lists
+    for line in done.stdout.splitlines():
+        if check := re.search(r": (W\d{3}): ", line):
+            listed = found.setdefault(check.group(1), set())
+        elif line.startswith("  "):
+            listed.add(line.strip())
+    assert found["W101"] == {manifest}  # missing from the wheel
+    assert "transformers.py" in found["W102"]  # not under src/
+    assert found["W001"] == {pyc}
+    assert "vllm_spark2_5_plugin/copy_of_init.py" in found["W002"]
 
 
-def test_check_dist_rejects_caches_and_checkpoints_in_the_sdist(built, tmp_path, capsys):
-    extra = {
-        "src/vllm_spark2_5_plugin/__pycache__/x.cpython-311.pyc": b"\0",
+def test_twine_rejects_a_description_pypi_cannot_render_and_an_sdist_without_pkg_info(
+    built, tmp_path
+):
+    """What check-dist no longer checks itself: the metadata twine and PyPI read."""
+    metadata = f"vllm_spark2_5_plugin-{VERSION}.dist-info/METADATA"
+    with zipfile.ZipFile(_files(built)[1]) as zf:
+        headers = zf.read(metadata).decode().split("\n\n", 1)[0]
+    rst = "Description-Content-Type: text/x-rst"
+    headers = re.sub(r"Description-Content-Type: .*", rst, headers)
+    broken = (headers + "\n\nTitle\n\n`unclosed\n").encode()  # an rst error
+    sdist, wheel = _files(_faulty(tmp_path, built, {metadata: broken}, {"PKG-INFO": None}))
+    for path, error in (
+        (wheel, "`long_description` has syntax errors in markup"),
+        (sdist, "No PKG-INFO in archive"),
+    ):
+        done = _twine_check(path)
+        assert done.returncode == 1 and error in " ".join((done.stdout + done.stderr).split())
+
+
+def test_check_dist_rejects_checkpoints_and_big_files_in_the_sdist(built, tmp_path, capsys):
+    changes = {
         "tests/model.safetensors": b"\0",
         "docs/huge.md": b"x" * (check_dist["MAX_FILE_BYTES"] + 1),
     }
-    code, output = _check(capsys, str(_faulty(tmp_path, built, sdist_extra=extra)))
+    code, output = _check(capsys, str(_faulty(tmp_path, built, sdist_changes=changes)))
     assert code == 1
-    assert "cache file src/vllm_spark2_5_plugin/__pycache__/x.cpython-311.pyc" in output
     assert "checkpoint file tests/model.safetensors" in output
     assert f"docs/huge.md is {check_dist['MAX_FILE_BYTES'] + 1} bytes" in output
-    assert "src/vllm_spark2_5_plugin/__pycache__/x.cpython-311.pyc is not in the wheel" in output
 
 
 def test_check_dist_rejects_a_tag_that_is_not_the_version(built, capsys):
@@ -434,7 +503,8 @@ def test_check_dist_rejects_a_folder_with_extra_files(built, tmp_path, capsys):
     faulty = _faulty(tmp_path, built)
     (faulty / "old-0.1.0.tar.gz").write_bytes(b"")
     code, output = _check(capsys, str(faulty))
-    assert code == 1 and "must hold exactly one .tar.gz and one .whl" in output
+    assert code == 1 and "old-0.1.0.tar.gz" in output
+    assert f"must hold exactly vllm_spark2_5_plugin-{VERSION}.tar.gz and " in output
 
 
 def test_check_dist_names_an_unreadable_archive(built, tmp_path, capsys):
@@ -458,7 +528,6 @@ def test_install_check_catches_a_heavy_import_with_the_gate_off(built, tmp_path,
     )
     code, output = _check(capsys, str(faulty), "--install-check")
     assert code == 1
-    assert "stray file transformers.py" in output
     assert "register() with the gate unset imported ['transformers']" in output
 
 

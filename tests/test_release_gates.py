@@ -1,16 +1,21 @@
 """Release gates in scripts/check-dist: MAINTAINERS.md must name the release
 approvers for ``--release``; ``--install-from`` installs exactly the built wheel
-from an index (sha256-pinned) and smoke-tests it; the build backend is pinned.
+from an index (sha256-pinned) and smoke-tests it; ``--audit`` fails only on a
+fixable vulnerability in a declared dependency; the build backend is pinned.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import runpy
 import shutil
+import socket
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -107,6 +112,98 @@ def test_any_maintainers_text_gives_a_verdict_not_a_crash(tmp_path_factory, text
     approver_row = re.compile(r"\|\s*@[A-Za-z0-9][\w-]*\s*\|.*release approver")
     if PLACEHOLDER in written or not any(map(approver_row.match, written.splitlines())):
         assert problems
+
+
+# --- the dependency audit (pip-audit, against a stand-in OSV service on loopback) ---------
+
+
+def _osv_vuln(vuln_id: str, package: str, fixed: str | None) -> dict:
+    events = [{"introduced": "0"}] + ([{"fixed": fixed}] if fixed else [])
+    return {
+        "id": vuln_id,
+        "summary": "planted by the test",
+        "affected": [
+            {
+                "package": {"name": package, "ecosystem": "PyPI"},
+                "ranges": [{"type": "ECOSYSTEM", "events": events}],
+            }
+        ],
+    }
+
+
+PLANTED_VULNS = {
+    "jsonschema": [_osv_vuln("TEST-1", "jsonschema", "4.99.0")],  # declared, fixed
+    "attrs": [_osv_vuln("TEST-2", "attrs", "99.0")],  # a dependency's dependency
+    "packaging": [_osv_vuln("TEST-3", "packaging", None)],  # declared, no fix yet
+}
+
+
+class _OSVQuery(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        query = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        vulns = PLANTED_VULNS.get(query["package"]["name"])
+        body = json.dumps({"vulns": vulns} if vulns else {}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def _use_osv_at(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
+    """pip-audit's own variables: its OSV service, at ``url``, not through a proxy."""
+    monkeypatch.setenv("PIP_AUDIT_VULNERABILITY_SERVICE", "osv")
+    monkeypatch.setenv("PIP_AUDIT_OSV_URL", url)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+
+
+def _audit(pins: list[str], capsys: pytest.CaptureFixture) -> tuple[list[str], str]:
+    declared = {check_dist["_requirement_name"](r) for r in PYPROJECT["project"]["dependencies"]}
+    assert declared == {"packaging", "jsonschema", "platformdirs", "tomli"}
+    problems: list[str] = []
+    check_dist["audit_dependencies"](pins, declared, problems)
+    return problems, " ".join(capsys.readouterr().err.split())
+
+
+def test_the_audit_fails_only_on_a_fixable_vulnerability_in_a_declared_dependency(
+    monkeypatch, capsys
+):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OSVQuery)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        _use_osv_at(monkeypatch, f"http://127.0.0.1:{server.server_port}/v1/query")
+        pins = ["jsonschema==4.18.0", "attrs==22.1.0", "packaging==23.0", "platformdirs==3.0.0"]
+        problems, notes = _audit(pins, capsys)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert problems == [
+        "dependency audit: jsonschema 4.18.0 has TEST-1, fixed in 4.99.0: raise its lower "
+        "bound in pyproject.toml [project] dependencies to a fixed version"
+    ]
+    assert "attrs 22.1.0 has TEST-2 (not failed: not a dependency this project declares)" in notes
+    assert "packaging 23.0 has TEST-3 (not failed: no fixed release)" in notes
+    assert "platformdirs" not in notes and "skipped" not in notes
+
+
+def test_the_audit_is_skipped_with_a_message_when_its_service_is_unreachable(monkeypatch, capsys):
+    with socket.socket() as closed:  # a loopback port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    _use_osv_at(monkeypatch, f"http://127.0.0.1:{port}/v1/query")
+    problems, notes = _audit(["jsonschema==4.18.0"], capsys)
+    assert problems == []
+    assert "dependency audit skipped: pip-audit got no answer from its vulnerability" in notes
+
+
+def test_the_audit_needs_the_install_check(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        check_dist["main"]([str(tmp_path), "--audit"])
+    assert "--audit only apply with --install-check" in capsys.readouterr().err
 
 
 # --- what the install check and the receipt rely on --------------------------------------

@@ -160,7 +160,9 @@ def test_build_tools_are_pinned_exactly():
     install = next(
         s for s in _jobs()["build"]["steps"] if s.get("name") == "Install the build tools"
     )
-    assert re.fullmatch(r'python -m pip install "build==[\d.]+" "twine==[\d.]+"', install["run"])
+    tools = ("build", "twine", "check-wheel-contents", "pip-audit")
+    pins = " ".join(rf'"{tool}==[\d.]+"' for tool in tools)
+    assert re.fullmatch(rf"python -m pip install {pins}", install["run"])
 
 
 # --- the target and the release gate, run ------------------------------------------------
