@@ -314,7 +314,8 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG, notice: str = "") 
         args.prog = prog
         status = args.handler(args)
     except (Finding, BundleError, UsageError) as exc:
-        print(f"{prog}: error: {exc}{f' ({notice})' if notice else ''}", file=sys.stderr)
+        text = " ".join(str(exc).splitlines())  # one line, whatever a value held
+        print(f"{prog}: error: {text}{f' ({notice})' if notice else ''}", file=sys.stderr)
         return FOUND_PROBLEM if isinstance(exc, Finding) else CANNOT_RUN
     except BrokenPipeError:  # the reader (e.g. `| head`) stopped reading: not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's flush quiet
