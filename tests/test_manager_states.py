@@ -21,6 +21,8 @@ import contextlib
 import io
 import json
 import os
+import sys
+import types
 from dataclasses import dataclass
 from unittest import mock
 
@@ -39,7 +41,7 @@ from carrier_harness.manager import (
     write_state,
 )
 from carrier_harness.project import manifest_source
-from vllm_hust_bundle_kit import cli
+from vllm_hust_bundle_kit import cli, manager
 from vllm_hust_bundle_kit.contract import (
     ENABLED_BUNDLES_ENVS,
     PLUGINS_ENV,
@@ -353,6 +355,48 @@ def test_with_nothing_enabled_run_starts_whatever_the_evidence_variables_hold(
     assert code == 1 and report["launch_refusal"] is None
     assert report["launch_environment"] == NOTHING
     assert f"environment: {name} = " in report["launch_refusal_once_enabled"]
+
+
+# --- where the manager is installed, its own reading of the state file decides --------------------
+
+
+def installed_manager(monkeypatch, load_config) -> None:
+    """A stand-in ``vllm_hust_ext`` whose ``config.load_config`` is ``load_config``: the
+    manager's public reading call, as every public version of it spells it."""
+    package, config = types.ModuleType("vllm_hust_ext"), types.ModuleType("vllm_hust_ext.config")
+    config.load_config = load_config
+    package.config = config
+    monkeypatch.setitem(sys.modules, "vllm_hust_ext", package)
+    monkeypatch.setitem(sys.modules, "vllm_hust_ext.config", config)
+
+
+def test_the_installed_managers_refusal_of_its_state_file_stands(bundle, monkeypatch, state_file):
+    enable_in(state_file, bundle.extension_id)  # a file the re-implementation accepts
+
+    def load_config(path):
+        assert path == state_file
+        raise ValueError("vllm-hust-ext config has an unsupported schema")
+
+    installed_manager(monkeypatch, load_config)
+    state = manager.read_state(state_file, [bundle])
+    assert state.enabled == ()
+    assert state.problem == (
+        f"{state_file}: vllm-hust-ext refuses this extension manager's state file "
+        "(ValueError: vllm-hust-ext config has an unsupported schema); fix the file or remove it"
+    )
+
+
+def test_what_the_installed_manager_enables_stands(bundle, monkeypatch, state_file):
+    write(state_file, {"schema_version": 2, "extensions": {bundle.extension_id: {"on": 1}}})
+    configuration = {"environment": {}}
+    reading = types.SimpleNamespace(
+        enabled=(bundle.extension_id,),
+        extensions={bundle.extension_id: types.SimpleNamespace(configuration=configuration)},
+    )
+    installed_manager(monkeypatch, lambda path: reading)
+    state = manager.read_state(state_file, [bundle])
+    assert (state.enabled, state.problem) == ((bundle.extension_id,), None)
+    assert state.configuration(bundle.extension_id) == configuration
 
 
 # --- any state file: an answer, never a traceback ------------------------------------------------
