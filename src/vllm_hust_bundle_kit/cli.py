@@ -28,7 +28,7 @@ from typing import Any, NoReturn
 
 from vllm_hust_bundle_kit import installed, manager, render
 from vllm_hust_bundle_kit.contract import MANAGER_LAUNCH_ONLY_ENVS
-from vllm_hust_bundle_kit.errors import BundleError
+from vllm_hust_bundle_kit.errors import BundleError, shown
 from vllm_hust_bundle_kit.switch import switch_names
 from vllm_hust_bundle_kit.versions import host_compatibility
 
@@ -121,7 +121,9 @@ def _inspect_one(
         installed.validate(bundle)
     except BundleError as exc:
         return {**item, "problem": str(exc)}
-    compatibility = host_compatibility(bundle.manifest)
+    installed_host = host_compatibility(bundle.manifest)
+    # What the manager judges: the entry's configured host_version, where it sets one.
+    compatibility = host_compatibility(bundle.manifest, state.configuration(bundle.extension_id))
     launch = manager.predict_launch(bundle, state, bundles)
     injected = launch.environment
     return {
@@ -132,7 +134,8 @@ def _inspect_one(
         "activation_blocker": installed.activation_blocker(bundle.manifest),
         "host": {
             "name": compatibility.host_name,
-            "installed": compatibility.host_version,
+            "installed": installed_host.host_version,
+            "configured_version": compatibility.host_version if compatibility.configured else None,
             "version_range": compatibility.version_range,
             "compatibility": compatibility.state,
             "note": compatibility.prerelease_note(),
@@ -210,12 +213,17 @@ def _inspect_lines(item: dict[str, Any]) -> list[str]:
     if item["problem"] and "carriers" not in item:
         return [f"{item['extension_id']}: invalid: {item['problem']}"]
     host, state = item["host"], item["manager_state"]
+    configured = (
+        f" (judged: the configured host_version {shown(host['configured_version'])})"
+        if host["configured_version"] is not None
+        else ""
+    )
     return [
         f"{item['extension_id']} {item['extension_version']} ({item['distribution']})",
         f"  manifest: {item['manifest_path']}",
         *(f"  carrier: {target} ({status})" for target, status in item["carriers"].items()),
         f"  host: {host['name']} {host['installed'] or '(not installed)'}, range "
-        f"{host['version_range']}: {host['compatibility']}",
+        f"{host['version_range']}: {host['compatibility']}{configured}",
         *([f"  note: {host['note']}"] if host["note"] else []),
         f"  manager state {state['path']}: {'enabled' if state['enabled'] else 'not enabled'}",
         *_launch_lines(item),
@@ -225,7 +233,7 @@ def _inspect_lines(item: dict[str, Any]) -> list[str]:
 def _inspect(args: argparse.Namespace) -> int:
     bundles = installed.discover()
     selected = installed.select(bundles, args.extension_ids)
-    state = manager.read_state(manager.state_path(), [b.extension_id for b in bundles])
+    state = manager.read_state(manager.state_path(), bundles)
     report = [_inspect_one(bundle, state, bundles) for bundle in selected]
     _emit(args, report, [line for item in report for line in _inspect_lines(item)])
     problems = list(dict.fromkeys(p for p in map(_launch_problem, report) if p))
@@ -239,14 +247,18 @@ def _env(args: argparse.Namespace) -> int:
     selected = installed.select(bundles, args.extension_ids)
     for bundle in selected:
         installed.validate(bundle)
-    # The manager refuses every launch while its state file is unusable or stale.
-    state = manager.read_state(manager.state_path(), [b.extension_id for b in bundles])
+    # The manager refuses every launch while its state file is unusable or stale, or an
+    # enabled entry's configuration is refused; the bundles' own entries configure them.
+    state = manager.read_state(manager.state_path(), bundles)
     if state.problem:
         raise Finding(state.problem)
     try:
-        environment = manager.activation_environment(selected)
+        environment = manager.activation_environment(selected, state=state)
     except BundleError as exc:
         raise Finding(str(exc)) from None
+    evidence = manager.evidence_refusal()
+    if evidence:
+        raise Finding(evidence)
     _emit(
         args,
         environment,
@@ -314,7 +326,8 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG, notice: str = "") 
         args.prog = prog
         status = args.handler(args)
     except (Finding, BundleError, UsageError) as exc:
-        print(f"{prog}: error: {exc}{f' ({notice})' if notice else ''}", file=sys.stderr)
+        text = " ".join(str(exc).splitlines())  # one line, whatever a value held
+        print(f"{prog}: error: {text}{f' ({notice})' if notice else ''}", file=sys.stderr)
         return FOUND_PROBLEM if isinstance(exc, Finding) else CANNOT_RUN
     except BrokenPipeError:  # the reader (e.g. `| head`) stopped reading: not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's flush quiet

@@ -28,17 +28,46 @@ class Problem:
     message: str
 
 
+# Characters that end a line for str.splitlines() but that json.dumps(ensure_ascii=False)
+# leaves as they are; an error line holding one would no longer be one line.
+_LINE_BREAKS = ("\x85", "\u2028", "\u2029")
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` can be written as UTF-8 (a lone surrogate cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _plain(text: str) -> bool:
+    """Whether ``text`` prints as it is within one line (no blanks, breaks or surrogates)."""
+    if not text or not text.isprintable() or any(char.isspace() for char in text):
+        return False
+    return _encodable(text)
+
+
 def dotted(path: Sequence[str | int]) -> str:
+    """A field's path: ``a.b[0]``; a key that is not plain text is quoted, ``a["x y"]``."""
     text = ""
     for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif not _plain(part):
+            text += f"[{json.dumps(part)}]"
+        else:
+            text += f".{part}" if text else part
     return text or "(top level)"
 
 
 def shown(value: Any) -> str:
-    """``value`` as JSON, cut to a bounded length."""
+    """``value`` as JSON, on one line, cut to a bounded length."""
     try:
         text = json.dumps(value, ensure_ascii=False, default=str)
+        if any(char in text for char in _LINE_BREAKS) or not _encodable(text):
+            text = json.dumps(value, default=str)
     except (ValueError, RecursionError):
         text = repr(value)
     if len(text) <= MAX_SHOWN_CHARS:

@@ -17,6 +17,11 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 from referencing import Registry, Resource
 
+from vllm_hust_bundle_kit.contract import (
+    LEGACY_STATE_SCHEMA_VERSION,
+    STATE_ENTRY_KEYS,
+    STATE_SCHEMA_VERSION,
+)
 from vllm_hust_bundle_kit.errors import MISSING, Problem, shown
 
 _FORMATS = FormatChecker(formats=())
@@ -137,23 +142,31 @@ SOURCE_SCHEMA: dict[str, Any] = {
     **_table(["bundle"], bundle={"type": "array", "minItems": 1, "items": _BUNDLE_SOURCE}),
 }
 
-# The manager's state file, as far as this toolkit reads it.
+# The manager's state file, as the manager reads it (vllm_hust_ext.config.load_config):
+# an object whose schema_version is 1 (legacy: an `enabled` list of bundle ids, other
+# keys ignored) or 2 (`extensions`, default empty: bundle id -> entry holding at most
+# `enabled`, default false, and `configuration`, default empty). Other top-level keys
+# are ignored; a schema_version that is neither, or any other key in an entry, is refused.
+_STATE_ENTRY = _table(
+    [],
+    **{
+        STATE_ENTRY_KEYS[0]: {"type": "boolean"},
+        STATE_ENTRY_KEYS[1]: {"type": "object"},
+    },
+)
 STATE_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "required": ["schema_version", "extensions"],
-    "properties": {
-        "schema_version": {"const": 2},
-        "extensions": {
-            "type": "object",
-            "additionalProperties": {
-                "type": "object",
-                "required": ["enabled"],
-                "properties": {
-                    "enabled": {"type": "boolean"},
-                    "configuration": {"type": "object"},
-                },
-            },
-        },
+    "required": ["schema_version"],
+    "if": {
+        "required": ["schema_version"],
+        "properties": {"schema_version": {"const": LEGACY_STATE_SCHEMA_VERSION}},
+    },
+    "then": {"properties": {"enabled": {"type": "array", "items": {"type": "string"}}}},
+    "else": {
+        "properties": {
+            "schema_version": {"const": STATE_SCHEMA_VERSION},
+            "extensions": {"type": "object", "additionalProperties": _STATE_ENTRY},
+        }
     },
 }
 

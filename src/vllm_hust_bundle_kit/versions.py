@@ -21,6 +21,8 @@ import packaging
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from vllm_hust_bundle_kit.contract import CONFIGURED_HOST_VERSION
+
 COMPATIBLE, INCOMPATIBLE, UNKNOWN = "compatible", "incompatible", "unknown"
 
 
@@ -67,17 +69,22 @@ def range_problem(version_range: str) -> str | None:
 class HostCompatibility:
     state: str  # compatible, incompatible or unknown
     host_name: str
-    host_version: str | None
+    host_version: str | None  # the version judged: the installed one, or the configured one
     version_range: str
+    configured: bool = False  # host_version is the state file entry's configuration.host_version
 
     def describe(self) -> str:
         if self.host_version is None:
+            if self.configured:
+                return f"the configured host_version is null, so the host version is {self.state}"
             return f"host {self.host_name} is not installed ({self.state})"
         relation = "inside" if self.state == COMPATIBLE else "outside"
-        return (
-            f"host {self.host_name} {self.host_version} is {relation} "
-            f"host.version_range {self.version_range!r} ({self.state})"
+        host = (
+            f"the configured host_version {self.host_version!r}"
+            if self.configured
+            else f"host {self.host_name} {self.host_version}"
         )
+        return f"{host} is {relation} host.version_range {self.version_range!r} ({self.state})"
 
     def prerelease_note(self) -> str | None:
         """Said when the verdict depends on the installed packaging's pre-release rule."""
@@ -91,12 +98,24 @@ class HostCompatibility:
         )
 
 
-def host_compatibility(manifest: Mapping[str, Any]) -> HostCompatibility:
-    """Compare the installed host distribution with the manifest's host range."""
+def host_compatibility(
+    manifest: Mapping[str, Any], configuration: Mapping[str, Any] | None = None
+) -> HostCompatibility:
+    """Compare the host version with the manifest's host range, as the manager does: the
+    installed host distribution's, or, when the bundle's state file entry configures
+    ``host_version`` (even as null), that value instead (any JSON value, as text)."""
     host = manifest["host"]
-    try:
-        version = importlib.metadata.version(host["name"])
-    except importlib.metadata.PackageNotFoundError:
-        return HostCompatibility(UNKNOWN, host["name"], None, host["version_range"])
+    if configuration is not None and CONFIGURED_HOST_VERSION in configuration:
+        configured = configuration[CONFIGURED_HOST_VERSION]
+        if configured is None:
+            return HostCompatibility(UNKNOWN, host["name"], None, host["version_range"], True)
+        # The manager judges Python's str() of whatever JSON value is configured.
+        version, is_configured = str(configured), True
+    else:
+        try:
+            version = importlib.metadata.version(host["name"])
+        except importlib.metadata.PackageNotFoundError:
+            return HostCompatibility(UNKNOWN, host["name"], None, host["version_range"])
+        is_configured = False
     state = COMPATIBLE if host_in_range(version, host["version_range"]) else INCOMPATIBLE
-    return HostCompatibility(state, host["name"], version, host["version_range"])
+    return HostCompatibility(state, host["name"], version, host["version_range"], is_configured)

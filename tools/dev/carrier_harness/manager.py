@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,8 +41,9 @@ def manager_env(state_file: Path | None, host: Path | None = None, **extra: str)
     """A clean environment whose manager state is ``state_file`` (None: the per-user default)
     and whose host distribution is ``host`` (None: the installed one)."""
     env = clean_env(**({STATE_ENV: str(state_file)} if state_file else {}), **extra)
-    if host is not None:
-        env["PYTHONPATH"] = str(host)
+    if host is not None:  # first, so that it is the host importlib.metadata finds
+        inherited = [path for path in env.get("PYTHONPATH", "").split(os.pathsep) if path]
+        env["PYTHONPATH"] = os.pathsep.join([str(host), *inherited])
     return env
 
 
