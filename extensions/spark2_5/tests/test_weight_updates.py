@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from packaging.version import Version
@@ -233,8 +234,11 @@ def test_the_documented_trainer_loop_changes_the_output(tmp_path):
     assert len(set(outputs)) == 4, outputs
 
 
-def _complete(base_url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
-    """One greedy completion; its token ids and when it started and ended."""
+def _complete(
+    base_url: str, model: str, prompt: list[int], max_tokens: int, streaming: Any = None
+) -> dict:
+    """One greedy completion (streamed); its token ids, log-probs and when it started and
+    ended. ``streaming.set()`` is called once its first token has arrived."""
     import json
     import time
     import urllib.request
@@ -247,22 +251,26 @@ def _complete(base_url: str, model: str, prompt: list[int], max_tokens: int) -> 
         "ignore_eos": True,
         "logprobs": 0,
         "return_tokens_as_token_ids": True,
+        "stream": True,
     }
     request = urllib.request.Request(
         f"{base_url}/v1/completions",
         data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
     )
+    tokens, logprobs = [], []
     started = time.monotonic()
     with urllib.request.urlopen(request, timeout=300) as response:
-        answer = json.loads(response.read())
-    tokens = answer["choices"][0]["logprobs"]["tokens"]
-    return {
-        "tokens": [int(token.removeprefix("token_id:")) for token in tokens],
-        "logprobs": answer["choices"][0]["logprobs"]["token_logprobs"],
-        "started": started,
-        "ended": time.monotonic(),
-    }
+        for line in response:
+            data = line.decode().strip().removeprefix("data: ")
+            if not data or data == "[DONE]":
+                continue
+            chunk_logprobs = json.loads(data)["choices"][0]["logprobs"] or {}
+            tokens += [int(t.removeprefix("token_id:")) for t in chunk_logprobs.get("tokens", [])]
+            logprobs += chunk_logprobs.get("token_logprobs", [])
+            if tokens and streaming is not None:
+                streaming.set()
+    return {"tokens": tokens, "logprobs": logprobs, "started": started, "ended": time.monotonic()}
 
 
 @pytest.mark.serve
@@ -271,6 +279,7 @@ def test_requests_in_flight_over_http_finish_while_the_server_reloads(tmp_path):
     while ``/collective_rpc`` runs ``reload_weights``: every request finishes whole,
     and the next one is the reference's on the new weights."""
     import json
+    import threading
     import time
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
@@ -286,8 +295,13 @@ def test_requests_in_flight_over_http_finish_while_the_server_reloads(tmp_path):
     args = ("--dtype", "float32")
     with VllmServer(a, args, env=env, log_path=tmp_path / "serve.log") as server:
         with ThreadPoolExecutor(8) as pool:
-            loads = [pool.submit(_complete, server.base_url, str(a), prompt, 160) for _ in range(8)]
-            time.sleep(1.0)
+            streaming = [threading.Event() for _ in range(8)]
+            loads = [
+                pool.submit(_complete, server.base_url, str(a), prompt, 160, event)
+                for event in streaming
+            ]
+            for event in streaming:  # every request is generating when the reload starts
+                assert event.wait(timeout=240)
             reload = urllib.request.Request(
                 f"{server.base_url}/collective_rpc",
                 data=json.dumps(
