@@ -152,7 +152,7 @@ def main() -> int:
     record = Record(
         "checkpoint_checks",
         {
-            "shapes": "Spark-X2.5-4B (testing/spark_x25_4b.py), bfloat16, random normal(0, 0.02)",
+            "shapes": "Spark-X2.5-4B (spark2_5_dev.spark_x25_4b), bfloat16, random normal(0, 0.02)",
             "decoder_layers_measured": args.layers,
             "scaled_to_layers": full,
             "rounds": rounds,

@@ -1,4 +1,4 @@
-"""testing/server.py hands ``vllm serve`` a port no parallel test can take first.
+"""carrier_harness/server.py hands ``vllm serve`` a port no parallel test can take first.
 
 The port is reserved (bound with SO_REUSEADDR, never listening) from the moment a
 ``VllmServer`` exists until it stops: no other bind gets it, ``bind(0)`` included,

@@ -2,7 +2,7 @@
 
 A value is converted by the JSON-schema types its parameter declares (local
 ``$ref``s followed), never rounded; what cannot be carried exactly stays the
-text the model wrote (``docs/tool-calling.md`` has the rules for users).
+text the model wrote (``extensions/spark2_5/docs/tool-calling.md`` has the rules for users).
 """
 
 from __future__ import annotations
@@ -282,7 +282,7 @@ def value_json(raw: str, schema: Any, root: Any = None) -> str:
     string; when none accepts the text, it is kept as the JSON it spells or else
     as the string. Numbers are never rounded: an integer is written out exactly,
     a float only where it reads back as the literal's value, else the literal
-    stays (``docs/tool-calling.md``). Time is linear in the text's length.
+    stays (``extensions/spark2_5/docs/tool-calling.md``). Time is linear in the text's length.
     """
     types = schema_types(schema, root)
     if types <= {"string"}:
