@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Toolkit for vLLM-HUST extension bundles and the carriers inside them.
 
 Knows no carrier. Two sides:

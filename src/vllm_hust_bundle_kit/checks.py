@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Checks a JSON Schema cannot make, shared by ``manifest.toml`` and installed manifests.
 
 Both sides describe a bundle as :class:`BundleFacts`: each field together with

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """vllm-hust-bundle: render, validate and inspect vLLM-HUST extension bundles.
 
 render builds each bundle's JSON manifest from a source checkout's

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Names fixed by the vLLM-HUST extension manager's contract (standard library only)."""
 
 from __future__ import annotations

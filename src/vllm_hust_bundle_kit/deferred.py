@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Run a registration when a host module is imported, not before (standard library only).
 
 vLLM loads general plugins in every process, but some registries are only ever

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A carrier's ``vllm.general_plugins`` entry point (standard library only).
 
 vLLM calls a general plugin in every process it starts (API server, engine

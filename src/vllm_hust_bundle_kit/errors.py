@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """How the toolkit reports a problem: one line naming the file, the field, the value, the fix."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reading and writing the toolkit's files without hanging, tracebacks or half-written files."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Installed bundles: found through entry points, checked without importing them.
 
 :func:`discover` iterates the ``vllm_hust.extension_bundles`` entry points and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the extension manager (``vllm-hust-ext``) would do with installed bundles.
 
 The manager owns its state file and its launches; this module only reads the

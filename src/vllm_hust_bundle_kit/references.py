@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Resolve ``module:object`` references by parsing source, never importing it.
 
 Discovery must not run a carrier's code, so a reference counts as resolved when

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``manifest.toml`` -> the JSON manifest of each bundle: validate the source, then render.
 
 ``manifest.toml`` at a project's root is the only hand-edited description of

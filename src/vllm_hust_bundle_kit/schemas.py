@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The JSON Schemas: the manager's manifest, this toolkit's ``manifest.toml``, the manager's state.
 
 Each validator reports the first problem as a :class:`~.errors.Problem` worded

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A carrier's default-off switch: environment in, decision out (standard library only).
 
 A carrier is enabled in a vLLM process when its enable variable is on, or when

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Host version ranges, judged the way the extension manager judges them.
 
 The manager asks the installed ``packaging`` whether the installed host version

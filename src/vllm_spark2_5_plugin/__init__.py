@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Spark2_5 for vLLM, shipped as a default-off vLLM-HUST carrier.
 
 ``register`` is the ``vllm.general_plugins`` entry point (name ``spark2_5``).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``spark2-5-bundle``: the bundle tool's name before 0.2.0, deprecated.
 
 Runs ``vllm-hust-bundle`` under the old name for one release, saying so on

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where this package's Spark2_5 support comes from (PROVENANCE.md tells the story).
 
 Standard library only, like the toolkit's ``switch``: safe to import from any process.

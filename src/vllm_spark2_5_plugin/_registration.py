@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the enabled carrier registers with vLLM (imported only once the switch is on).
 
 Each piece goes into the vLLM registry that knows it: the config, the model

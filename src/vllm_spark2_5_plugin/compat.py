@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every difference between vLLM releases that the carrier depends on, in one place.
 
 Each helper detects a feature (an attribute, a module, a keyword) rather than

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Where the carrier reaches into vLLM's private state: the upgrade risk in one place.
 
 vLLM has no public hook for these; each function names the private attribute or

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The carrier's environment variables besides its switch (standard library only).
 
 The switch itself (``SPARK2_5_PLUGIN_ENABLE``) is declared in the bundle manifest and

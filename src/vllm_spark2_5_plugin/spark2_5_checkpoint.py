@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a Spark2_5 checkpoint must be before any of its tensors loads.
 
 A checkpoint that does not match its ``config.json`` never loads: vLLM's weight

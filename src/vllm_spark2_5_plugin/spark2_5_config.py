@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The ``spark2_5`` configuration (``Spark2_5Config``).
 
 Registered with vLLM's own config table by the carrier, so a Spark2_5

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """How ``Spark2_5ForCausalLM`` takes its weights: the first load, then in-place updates.
 
 **First load** (one ``load_weights`` call with the whole checkpoint): a

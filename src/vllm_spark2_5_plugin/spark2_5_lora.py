@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What a LoRA adapter must be before vLLM puts it into a Spark2_5 model.
 
 vLLM copies each adapter tensor into the leading rows and columns of its

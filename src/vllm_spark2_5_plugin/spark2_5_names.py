@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Spark2_5 checkpoint's naming facts, read by loading, the checkpoint checks and
 the LoRA checks: tensor names and shapes, the packed parameters and their parts,
 what stays unquantised, the decoder-layer pattern."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``spark25``: vLLM tool-call parser for Spark2_5's XML/KV call format.
 
 Spark2_5 writes a call as::

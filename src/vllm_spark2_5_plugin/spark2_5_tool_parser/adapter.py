@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``Spark25ToolParser``: the scanner behind vLLM's tool-parser interface.
 
 One scanner serves both entry points. ``extract_tool_calls`` feeds it the whole

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The incremental reader of Spark2_5 output: content, and complete calls.
 
 Spark2_5 writes a call as::

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The checks a request's function tools pass before vLLM builds a grammar.
 
 A tool whose name no Spark2_5 call can carry, or whose parameters are not a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Values as the model writes them, turned into the JSON of a call's arguments.
 
 A value is converted by the JSON-schema types its parameter declares (local
