@@ -44,9 +44,9 @@ _CHECKED_KEYWORDS = _HOLDING_SCHEMAS | {"type", "required", "enum"}
 # The most characters of structural tag (the call grammar vLLM hands xgrammar: the
 # tools' names, keys and value schemas) one request may have compiled. Compile
 # time grows faster than the tag (about 1 s at this size, 3 to 7 s at three
-# times it, 23 to 84 s at ten times it: extensions/spark2_5/docs/benchmarks.md), and
-# compiles queue for a small pool of workers, so a bigger tag would hold up
-# every later constrained request.
+# times it, 23 to 84 s at ten times it; extensions/spark2_5/benchmarks/
+# bench_grammar.py measures it), and compiles queue for a small pool of workers,
+# so a bigger tag would hold up every later constrained request.
 MAX_GRAMMAR_SCHEMA_CHARS = 350_000
 
 
