@@ -329,15 +329,14 @@ def composed_parser(tokenizer, reasoning_parser=None, **kwargs):
     return serving_parser_cls(tokenizer, reasoning_parser)(tokenizer, TOOLS, **kwargs)
 
 
-def test_adjust_request_keeps_special_tags_only_when_tools_are_active(tokenizer):
+@pytest.mark.parametrize(
+    "fields", [{}, {"tools": None}, {"tool_choice": "none"}], ids=["tools", "no-tools", "none"]
+)
+def test_adjust_request_keeps_special_tags_on_every_request(tokenizer, fields):
+    """The call tags and ``</think>`` are special tokens: with or without tools, vLLM
+    must hand them to the parsers (a reasoning parser needs ``</think>``)."""
     parser = Spark25ToolParser(tokenizer)
-    assert parser.adjust_request(chat_request()).skip_special_tokens is False
-    # Otherwise left as the request has it: True by default up to vLLM 0.32, None
-    # (decided later by vLLM) from 0.33.
-    default = chat_request(tools=None).skip_special_tokens
-    assert default in (True, None)
-    assert parser.adjust_request(chat_request(tools=None)).skip_special_tokens is default
-    assert parser.adjust_request(chat_request(tool_choice="none")).skip_special_tokens is default
+    assert parser.adjust_request(chat_request(**fields)).skip_special_tokens is False
 
 
 def test_auto_tool_choice_is_not_constrained(tokenizer):

@@ -123,10 +123,12 @@ class Spark25ToolParser(ToolParser):
         tools = compat.function_tools(request.tools)
         _as_400(schema.check_tools, tools)
         request = super().adjust_request(request)
+        # The call tags and </think> are special tokens: skipping them would hide
+        # every call and, with a reasoning parser, where the thinking ends. vLLM
+        # asks this parser on every request a reasoning parser reads.
+        request.skip_special_tokens = False
         if not request.tools or request.tool_choice == "none":
             return request
-        # The call tags are special tokens: skipping them would hide every call.
-        request.skip_special_tokens = False
         structured_outputs = getattr(request, "structured_outputs", None)
         structural_tag = getattr(structured_outputs, "structural_tag", None)
         if structural_tag is not None:

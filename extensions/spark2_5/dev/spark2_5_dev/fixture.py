@@ -48,6 +48,7 @@ class Conversation:
     messages: list[dict[str, Any]]
     reply: str
     tools: list[dict[str, Any]] = field(default_factory=list)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 PARIS_QUESTION = "What is the weather in Paris for the next 3 days?"
@@ -60,6 +61,11 @@ CAPITAL_QUESTION = "What is the capital of France?"
 CAPITAL_ANSWER = "The capital of France is Paris."
 PARIS_TOOL_RESULT = "Sunny, 22 C"
 PARIS_FOLLOW_UP = "It will be sunny in Paris, around 22 C."
+GREETING = "Hello there!"
+GREETING_REASONING = "Greet."
+GREETING_ANSWER = "Hello! How can I help you today?"
+THINKING_ON = {"enable_thinking": True}
+THINKING_OFF = {"enable_thinking": False}
 
 
 def _assistant_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -120,6 +126,26 @@ CONVERSATIONS: tuple[Conversation, ...] = (
         ],
         PARIS_FOLLOW_UP,
         [WEATHER_TOOL],
+    ),
+    # With thinking on, the template opens <think>; the model closes it, then answers.
+    Conversation(
+        "thinking",
+        [{"role": "user", "content": GREETING}],
+        f"{GREETING_REASONING}</think>{GREETING_ANSWER}",
+        chat_template_kwargs=THINKING_ON,
+    ),
+    Conversation(
+        "thinking-with-tools",
+        [{"role": "user", "content": GREETING}],
+        f"{GREETING_REASONING}</think>{GREETING_ANSWER}",
+        [WEATHER_TOOL],
+        chat_template_kwargs=THINKING_ON,
+    ),
+    Conversation(
+        "not-thinking",
+        [{"role": "user", "content": GREETING}],
+        GREETING_ANSWER,
+        chat_template_kwargs=THINKING_OFF,
     ),
 )
 
@@ -186,6 +212,7 @@ def _encode(tokenizer: Any, conversation: Conversation) -> tuple[list[int], list
         tools=conversation.tools or None,
         add_generation_prompt=True,
         tokenize=False,
+        **conversation.chat_template_kwargs,
     )
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
     reply_ids = tokenizer.encode(conversation.reply + tokenizer.eos_token, add_special_tokens=False)

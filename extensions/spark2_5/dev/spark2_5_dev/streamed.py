@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def reasoning_of(message: Any) -> str | None:
+    """A chat message's or delta's reasoning, under either name vLLM has used."""
+    return getattr(message, "reasoning", None) or getattr(message, "reasoning_content", None)
+
+
 @dataclass
 class _Call:
     name: str
@@ -22,6 +27,7 @@ class StreamedAnswer:
 
     finish_reason: str | None = None
     content: str = ""
+    reasoning: str = ""
     chunks: int = 0
     _calls: dict[int, _Call] = field(default_factory=dict)
 
@@ -32,6 +38,7 @@ class StreamedAnswer:
         choice = chunk.choices[0]
         self.finish_reason = choice.finish_reason or self.finish_reason
         self.content += choice.delta.content or ""
+        self.reasoning += reasoning_of(choice.delta) or ""
         for delta in choice.delta.tool_calls or []:
             if delta.index not in self._calls:
                 if not (delta.id and delta.function and delta.function.name):
