@@ -272,6 +272,11 @@ class Spark2_5Model(nn.Module):
             ["hidden_states", "residual"], config.hidden_size
         )
 
+    def get_input_embeddings(self) -> nn.Module:
+        # vLLM's pooling converters tie their classifier to it (the checkpoint calls
+        # it "embedding", not "embed_tokens").
+        return self.embedding
+
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embedding(input_ids)
 

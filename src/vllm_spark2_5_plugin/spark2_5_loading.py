@@ -62,6 +62,8 @@ from vllm_spark2_5_plugin.spark2_5_names import (
 )
 
 _WHOLE = "whole tensor"
+# Config keys with which vLLM's classify converter derives the classifier itself.
+CLASSIFIER_FROM_LM_HEAD = ("method", "classifier_from_token")
 NAMED = 8  # how many tensors an error or warning about a push names
 
 logger = logging.getLogger("vllm.spark2_5_plugin")
@@ -97,6 +99,12 @@ class CheckpointLedger:
             if isinstance(module, attention)
             for param_name, _ in module.named_parameters(recurse=False)
         }
+        # vLLM's classify converter fills the classifier from the LM head after the
+        # checkpoint is in when the config names a method or classifier tokens (the
+        # LLM-as-reranker recipe); otherwise a missing score.weight is an error.
+        config = getattr(model, "config", None)
+        if any(getattr(config, key, None) is not None for key in CLASSIFIER_FROM_LM_HEAD):
+            self.optional.update(name for name in self.params if name.startswith("score."))
         self.filled: dict[str, dict[str | int, str]] = defaultdict(dict)
 
     def track(self, weights: Weights) -> Iterator[tuple[str, torch.Tensor]]:
@@ -159,6 +167,14 @@ class CheckpointLedger:
 
     def verify(self) -> None:
         missing = self.missing()
+        head = [name for name in missing if name.startswith("score.")]
+        if head:
+            raise Spark2_5CheckpointError(
+                f"The Spark2_5 checkpoint lacks its classifier head {head[0]!r}, which "
+                "--convert classify reads. Serve a checkpoint that has one (a reward or "
+                "classifier model), or derive it from the LM head: hf_overrides "
+                '{"classifier_from_token": [<no>, <yes>], "method": "from_2_way_softmax"}'
+            )
         if missing:
             raise Spark2_5CheckpointError(
                 "The Spark2_5 checkpoint lacks these tensors: "
