@@ -37,7 +37,12 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
     VocabParallelEmbedding,
 )
-from vllm.model_executor.models.interfaces import SupportsLoRA, SupportsPP
+from vllm.model_executor.models.interfaces import (
+    SupportsEagle,
+    SupportsEagle3,
+    SupportsLoRA,
+    SupportsPP,
+)
 from vllm.model_executor.models.utils import (
     PPMissingLayer,
     extract_layer_index,
@@ -271,6 +276,8 @@ class Spark2_5Model(nn.Module):
         self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
             ["hidden_states", "residual"], config.hidden_size
         )
+        # The layers whose input an EAGLE-3 draft head reads; none unless vLLM asks.
+        self.aux_hidden_state_layers: tuple[int, ...] = ()
 
     def get_input_embeddings(self) -> nn.Module:
         # vLLM's pooling converters tie their classifier to it (the checkpoint calls
@@ -297,16 +304,24 @@ class Spark2_5Model(nn.Module):
             assert intermediate_tensors is not None
             hidden_states = intermediate_tensors["hidden_states"]
             residual = intermediate_tensors["residual"]
-        for layer in islice(self.layers, self.start_layer, self.end_layer):
+        aux_hidden_states = []
+        layers = islice(self.layers, self.start_layer, self.end_layer)
+        for index, layer in enumerate(layers, start=self.start_layer):
+            if index in self.aux_hidden_state_layers:
+                aux_hidden_states.append(
+                    hidden_states if residual is None else hidden_states + residual
+                )
             hidden_states, residual = layer(positions, hidden_states, residual)
         if not get_pp_group().is_last_rank:
             return IntermediateTensors({"hidden_states": hidden_states, "residual": residual})
         hidden_states, _ = self.norm(hidden_states, residual)
+        if aux_hidden_states:
+            return hidden_states, aux_hidden_states
         return hidden_states
 
 
 @watch_update_sessions
-class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
+class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle, SupportsEagle3):
     # Every linear layer may be targeted by an adapter, g_proj included: its delta
     # adds to the gate logits before the activation, as merged weights would.
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = PACKED_MODULES
@@ -370,6 +385,28 @@ class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP):
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
+
+    def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
+        """The layers whose input (hidden states plus residual) an EAGLE-3 head reads."""
+        layers = tuple(sorted(set(layers)))
+        count = self.config.num_hidden_layers
+        if any(not 0 <= layer < count for layer in layers):
+            raise ValueError(
+                f"EAGLE-3 asked Spark2_5 for the hidden states of layers {list(layers)}, but "
+                f"it has layers 0 to {count - 1}: set eagle_aux_hidden_state_layer_ids in "
+                "the draft head's config to layers of this model"
+            )
+        if get_pp_group().world_size > 1:
+            raise ValueError(
+                "EAGLE-3 on Spark2_5 needs --pipeline-parallel-size 1: the draft head's "
+                "hidden states are not passed between pipeline stages"
+            )
+        self.model.aux_hidden_state_layers = layers
+
+    def get_eagle3_default_aux_hidden_state_layers(self) -> tuple[int, ...]:
+        # vLLM's default for decoder-only models: an early, a middle and a late layer.
+        count = self.config.num_hidden_layers
+        return (2, count // 2, count - 3)
 
     def forward(
         self,

@@ -1,0 +1,158 @@
+"""Speculative decoding on Spark2_5 with EAGLE and EAGLE-3 draft heads.
+
+A random tiny Spark2_5 checkpoint and, for it, a random one-layer Llama-style
+EAGLE head and EAGLE-3 head (the layouts vLLM loads for Llama targets; the
+EAGLE-3 head reads three of Spark2_5's layers, sliding and full). Greedy
+generation with each head must give exactly the tokens of generation without
+speculation: the target model verifies every drafted token. One in-process
+engine at a time, float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from spark2_5_dev.checkpoints import (
+    TINY_VOCAB_SIZE,
+    build_spark2_5_checkpoint,
+    read_config,
+    write_tokenizer,
+)
+
+SEED = 5
+PROMPT_LENGTHS = (4, 15, 33)
+NEW_TOKENS = 24
+SPECULATIVE_TOKENS = 3
+# Layers 1 and 2 are sliding-window, 3 is full attention (spark2_5_config_dict).
+EAGLE3_LAYERS = (1, 2, 3)
+HEAD_HEADS, HEAD_KV_HEADS, HEAD_DIM = 4, 2, 32
+
+
+def prompts() -> list[list[int]]:
+    rng = random.Random(SEED)
+    return [[rng.randrange(3, TINY_VOCAB_SIZE) for _ in range(n)] for n in PROMPT_LENGTHS]
+
+
+def _head_tensors(hidden: int, intermediate: int, eagle3: bool) -> dict[str, Any]:
+    """A one-layer draft head's tensors, named as vLLM's Llama EAGLE loaders read them."""
+    import torch
+
+    generator = torch.Generator().manual_seed(SEED)
+    attention_in = 2 * hidden if eagle3 else hidden
+    shapes = {
+        "layers.0.self_attn.q_proj.weight": (HEAD_HEADS * HEAD_DIM, attention_in),
+        "layers.0.self_attn.k_proj.weight": (HEAD_KV_HEADS * HEAD_DIM, attention_in),
+        "layers.0.self_attn.v_proj.weight": (HEAD_KV_HEADS * HEAD_DIM, attention_in),
+        "layers.0.self_attn.o_proj.weight": (hidden, HEAD_HEADS * HEAD_DIM),
+        "layers.0.mlp.gate_proj.weight": (intermediate, hidden),
+        "layers.0.mlp.up_proj.weight": (intermediate, hidden),
+        "layers.0.mlp.down_proj.weight": (hidden, intermediate),
+        "fc.weight": (hidden, (len(EAGLE3_LAYERS) if eagle3 else 2) * hidden),
+    }
+    tensors = {
+        name: 0.1 * torch.randn(shape, generator=generator) for name, shape in shapes.items()
+    }
+    norms = ["layers.0.post_attention_layernorm.weight"]
+    if eagle3:
+        norms += ["layers.0.input_layernorm.weight", "layers.0.hidden_norm.weight", "norm.weight"]
+    tensors.update({name: torch.ones(hidden) for name in norms})
+    return tensors
+
+
+def build_head(
+    target: Path, path: Path, eagle3: bool, layers: tuple[int, ...] = EAGLE3_LAYERS
+) -> Path:
+    """An EAGLE (``eagle3=False``) or EAGLE-3 head for ``target``; it shares the
+    target's embedding and LM head, as heads without their own do."""
+    from safetensors.torch import save_file
+
+    target_config = read_config(target)
+    hidden = target_config["hidden_size"]
+    config: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": 1,
+        "num_attention_heads": HEAD_HEADS,
+        "num_key_value_heads": HEAD_KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "hidden_act": "silu",
+        "vocab_size": target_config["vocab_size"],
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
+    if eagle3:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(layers)}
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(_head_tensors(hidden, 2 * hidden, eagle3), str(path / "model.safetensors"))
+    write_tokenizer(path)
+    return path
+
+
+def _generate(target: Path, batch: list[list[int]], speculative: dict | None) -> list[list[int]]:
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(
+        str(target),
+        dtype="float32",
+        max_model_len=256,
+        enforce_eager=True,
+        speculative_config=speculative,
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+        return [list(output.outputs[0].token_ids) for output in outputs]
+    finally:
+        del llm
+        gc.collect()
+
+
+def run(workdir: Path) -> dict[str, Any]:
+    batch = prompts()
+    target = build_spark2_5_checkpoint(workdir / "target", seed=SEED)
+    heads = {
+        "eagle": build_head(target, workdir / "eagle-head", eagle3=False),
+        "eagle3": build_head(target, workdir / "eagle3-head", eagle3=True),
+    }
+    result: dict[str, Any] = {"plain": _generate(target, batch, None)}
+    for method, head in heads.items():
+        result[method] = _generate(target, batch, _speculative(method, head))
+    # A head that asks for a layer the target does not have.
+    wrong = build_head(target, workdir / "wrong-layers-head", eagle3=True, layers=(1, 2, 9))
+    try:
+        _generate(target, batch[:1], _speculative("eagle3", wrong))
+        result["refusal_out_of_range"] = ""
+    except Exception as error:  # the engine's own error, as a user sees it
+        result["refusal_out_of_range"] = f"{type(error).__name__}: {error}"
+    return result
+
+
+def _speculative(method: str, head: Path) -> dict[str, Any]:
+    return {"method": method, "model": str(head), "num_speculative_tokens": SPECULATIVE_TOKENS}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--workdir", type=Path, required=True, help="where checkpoints go")
+    parser.add_argument("--out", type=Path, required=True, help="JSON file for the results")
+    args = parser.parse_args(argv)
+    result = run(args.workdir)
+    print({method: result[method] == result["plain"] for method in ("eagle", "eagle3")})
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""Speculative decoding with EAGLE and EAGLE-3 draft heads on real vLLM (CPU): the
+greedy tokens are exactly those of plain generation, and a head asking for a layer
+Spark2_5 does not have is refused by name (``spark2_5_dev.speculative``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark2_5_dev import speculative
+from spark2_5_dev.drivers import run_driver
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    workdir = tmp_path_factory.mktemp("speculative")
+    return run_driver("spark2_5_dev.speculative", [], workdir, timeout=900)
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+def test_greedy_tokens_with_a_draft_head_are_those_without(result, method):
+    plain = result["plain"]
+    assert [len(tokens) for tokens in plain] == [speculative.NEW_TOKENS] * len(plain)
+    assert result[method] == plain
+
+
+def test_an_eagle3_head_asking_for_a_missing_layer_is_refused_by_name(result):
+    refusal = result["refusal_out_of_range"]
+    assert "layers [1, 2, 9], but it has layers 0 to 3" in refusal, refusal
+    assert "eagle_aux_hidden_state_layer_ids" in refusal
