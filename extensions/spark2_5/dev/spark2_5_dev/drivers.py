@@ -3,11 +3,12 @@ whose engines run in that process, and reading back the JSON it writes."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,20 @@ def run_driver(
         f"exit code {done.returncode}\n" + log.read_text(errors="replace")[-8000:]
     )
     return json.loads(out.read_text())
+
+
+def driver_main(
+    prog: str, description: str, run: Callable[[Path], Any], summary: Callable[[Any], Any]
+) -> None:
+    """The command line of a driver with no options of its own: ``run(--workdir)``,
+    its ``summary`` printed, the whole result written to ``--out`` as JSON."""
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}", description=description)
+    parser.add_argument("--workdir", type=Path, required=True, help="where checkpoints go")
+    parser.add_argument("--out", type=Path, required=True, help="JSON file for the results")
+    args = parser.parse_args()
+    result = run(args.workdir)
+    print(summary(result))
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -10,7 +10,6 @@ checkpoint, served by vLLM's offline API in float32, one engine at a time.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import random
@@ -23,6 +22,7 @@ from spark2_5_dev.checkpoints import (
     save_checkpoint,
     spark2_5_config_dict,
 )
+from spark2_5_dev.drivers import driver_main
 
 SEED = 11
 PROMPT_LENGTHS = (3, 12, 40)  # within, across and well past the sliding window
@@ -136,17 +136,10 @@ def run(workdir: Path) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--workdir", type=Path, required=True, help="where checkpoints go")
-    parser.add_argument("--out", type=Path, required=True, help="JSON file for the results")
-    args = parser.parse_args(argv)
-    result = run(args.workdir)
-    print(json.dumps(result["worst_abs_diff"]))
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-
-
 if __name__ == "__main__":
-    main()
+    driver_main(
+        __spec__.name,
+        __doc__.splitlines()[0],
+        run,
+        lambda result: json.dumps(result["worst_abs_diff"]),
+    )

@@ -10,7 +10,6 @@ engine at a time, float32.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import random
@@ -23,6 +22,7 @@ from spark2_5_dev.checkpoints import (
     read_config,
     write_tokenizer,
 )
+from spark2_5_dev.drivers import driver_main
 
 SEED = 5
 PROMPT_LENGTHS = (4, 15, 33)
@@ -142,17 +142,10 @@ def _speculative(method: str, head: Path) -> dict[str, Any]:
     return {"method": method, "model": str(head), "num_speculative_tokens": SPECULATIVE_TOKENS}
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--workdir", type=Path, required=True, help="where checkpoints go")
-    parser.add_argument("--out", type=Path, required=True, help="JSON file for the results")
-    args = parser.parse_args(argv)
-    result = run(args.workdir)
-    print({method: result[method] == result["plain"] for method in ("eagle", "eagle3")})
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-
-
 if __name__ == "__main__":
-    main()
+    driver_main(
+        __spec__.name,
+        __doc__.splitlines()[0],
+        run,
+        lambda result: {m: result[m] == result["plain"] for m in ("eagle", "eagle3")},
+    )
