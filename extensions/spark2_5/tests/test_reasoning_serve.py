@@ -11,7 +11,10 @@ import pytest
 from carrier_harness.server import VllmServer
 from spark2_5_dev import fixture
 from spark2_5_dev.carrier import clean_env
-from spark2_5_dev.host_features import streams_responses_through_parser
+from spark2_5_dev.host_features import (
+    adjusts_every_request_with_a_reasoning_parser,
+    streams_responses_through_parser,
+)
 from spark2_5_dev.streamed import StreamedAnswer, reasoning_of
 from spark2_5_dev.tools import WEATHER_TOOL
 
@@ -20,6 +23,18 @@ pytestmark = pytest.mark.serve
 MESSAGES = [{"role": "user", "content": fixture.GREETING}]
 SPLIT = (fixture.GREETING_REASONING, fixture.GREETING_ANSWER)
 TOOLS = {"no-tools": None, "tools": [WEATHER_TOOL]}
+OLD_RELEASES_DROP_THINK = (
+    "this vLLM asks no tool parser about a request without tools, so its detokenizer "
+    "drops </think> (a special token) before the reasoning parser reads the answer"
+)
+
+
+def expect_split(split, tools, streamed):
+    """``split`` is the thinking and the answer, except where vLLM drops ``</think>``."""
+    dropped = split != SPLIT and not tools and not streamed
+    if dropped and not adjusts_every_request_with_a_reasoning_parser():
+        pytest.xfail(OLD_RELEASES_DROP_THINK)
+    assert split == SPLIT
 
 
 def serve(model, tmp_path_factory, *extra_args):
@@ -61,7 +76,7 @@ def streamed_chat_split(client, tools, thinking):
 @pytest.mark.parametrize("tools", TOOLS.values(), ids=TOOLS)
 @pytest.mark.parametrize("split", [chat_split, streamed_chat_split], ids=["create", "stream"])
 def test_chat_splits_thinking_from_the_answer(client, split, tools):
-    assert split(client, tools, thinking=True) == SPLIT
+    expect_split(split(client, tools, thinking=True), tools, split is streamed_chat_split)
     if not tools:  # the fixture learnt to answer without thinking only here
         assert split(client, tools, thinking=False) == (None, fixture.GREETING_ANSWER)
 
@@ -88,7 +103,7 @@ def test_responses_split_thinking_from_the_answer(client, tools):
         "max_output_tokens": 60,
         "extra_body": {"chat_template_kwargs": {"enable_thinking": True}},
     }
-    assert responses_split(client.responses.create(**kwargs)) == SPLIT
+    expect_split(responses_split(client.responses.create(**kwargs)), tools, streamed=False)
     with client.responses.stream(**kwargs) as stream:
         assert responses_split(stream.get_final_response()) == SPLIT
 

@@ -9,11 +9,21 @@ import pytest
 from spark2_5_dev import speculative
 from spark2_5_dev.drivers import run_driver
 
+# vLLM 0.23's CPU rejection sampler calls its own kernel with an argument it does not
+# take: speculative decoding fails there in vLLM's sampler, for EAGLE-1 too, which asks
+# nothing of the model.
+VLLM_023_SAMPLER_BUG = "unexpected keyword argument 'USE_FP64_GUMBEL'"
+
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
     workdir = tmp_path_factory.mktemp("speculative")
-    return run_driver("spark2_5_dev.speculative", [], workdir, timeout=900)
+    try:
+        return run_driver("spark2_5_dev.speculative", [], workdir, timeout=900)
+    except AssertionError as failed:
+        if VLLM_023_SAMPLER_BUG in str(failed):
+            pytest.xfail(f"vLLM's CPU rejection sampler: TypeError ... {VLLM_023_SAMPLER_BUG}")
+        raise
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])

@@ -79,3 +79,18 @@ def _module_has(module_name: str, attribute: str) -> bool:
 
 
 FORCED_CALL_REFUSAL = "this vLLM has no structural tag for Spark2_5's call format"
+
+
+def adjusts_every_request_with_a_reasoning_parser() -> bool:
+    """Whether vLLM hands every request to the tool parser's ``adjust_request`` once a
+    reasoning parser is set (vLLM 0.32: ``vllm.renderers.online_renderer``), so that
+    ``spark25`` keeps ``</think>``; vLLM 0.23 hands it only requests with tools, and a
+    non-streamed answer without tools loses its split. Read in vLLM's source: no API
+    says it."""
+    import inspect
+
+    try:
+        module = importlib.import_module("vllm.renderers.online_renderer")
+    except ImportError:
+        return False
+    return "reasoning_parser_cls is not None" in inspect.getsource(module)
