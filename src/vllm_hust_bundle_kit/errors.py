@@ -34,7 +34,7 @@ class Problem:
 _LINE_BREAKS = ("\x85", "\u2028", "\u2029")
 
 
-def _encodable(text: str) -> bool:
+def encodable(text: str) -> bool:
     """Whether ``text`` can be written as UTF-8 (a lone surrogate cannot)."""
     try:
         text.encode("utf-8")
@@ -47,7 +47,7 @@ def _plain(text: str) -> bool:
     """Whether ``text`` prints as it is within one line (no blanks, breaks or surrogates)."""
     if not text or not text.isprintable() or any(char.isspace() for char in text):
         return False
-    return _encodable(text)
+    return encodable(text)
 
 
 def dotted(path: Sequence[str | int]) -> str:
@@ -67,7 +67,7 @@ def shown(value: Any) -> str:
     """``value`` as JSON, on one line, cut to a bounded length."""
     try:
         text = json.dumps(value, ensure_ascii=False, default=str)
-        if any(char in text for char in _LINE_BREAKS) or not _encodable(text):
+        if any(char in text for char in _LINE_BREAKS) or not encodable(text):
             text = json.dumps(value, default=str)
     except (ValueError, RecursionError):
         text = repr(value)

@@ -45,7 +45,7 @@ from vllm_hust_bundle_kit.contract import (
     STATE_FILENAME,
     VLLM_PLUGIN_GROUP,
 )
-from vllm_hust_bundle_kit.errors import BundleError, Problem, error, shown
+from vllm_hust_bundle_kit.errors import BundleError, Problem, encodable, error, shown
 from vllm_hust_bundle_kit.files import read_json
 from vllm_hust_bundle_kit.installed import Bundle, activation_blocker, validate
 from vllm_hust_bundle_kit.schemas import STATE_VALIDATOR, first_problem
@@ -365,7 +365,7 @@ def _configuration_problem(bundle: Bundle, configuration: Mapping[str, Any]) -> 
                 value,
                 "must be a string (the manager: `environment override values must be strings`)",
             )
-        if "\0" in value or not _encodable(value):
+        if "\0" in value or not encodable(value):
             return Problem(
                 (CONFIGURED_ENVIRONMENT, name),
                 value,
@@ -373,14 +373,6 @@ def _configuration_problem(bundle: Bundle, configuration: Mapping[str, Any]) -> 
                 "can hold (a real vllm-hust-ext run fails on it); fix it",
             )
     return None
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _configuration_refusal(bundle: Bundle, state: ManagerState | None) -> str | None:
