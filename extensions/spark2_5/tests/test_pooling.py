@@ -16,6 +16,8 @@ from spark2_5_dev import pooling
 from spark2_5_dev.carrier import clean_env
 from spark2_5_dev.drivers import run_driver
 
+pytestmark = pytest.mark.slow  # four engines in one driver process
+
 RERANK_OVERRIDES = {
     "classifier_from_token": list(pooling.RERANK_TOKENS),
     "method": "from_2_way_softmax",

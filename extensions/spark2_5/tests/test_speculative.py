@@ -14,6 +14,8 @@ from spark2_5_dev.drivers import run_driver
 # nothing of the model.
 VLLM_023_SAMPLER_BUG = "unexpected keyword argument 'USE_FP64_GUMBEL'"
 
+pytestmark = pytest.mark.slow  # four engines in one driver process
+
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
