@@ -112,6 +112,14 @@ def assert_toolkit(bundle, env, expected, enabled: bool) -> None:
         assert line.startswith("vllm-hust-bundle: error: ") and expected.field in line
 
 
+def assert_answer(manager_kind, bundle, env, expected, enabled: bool) -> None:
+    """The toolkit's answer (``recorded``) or the real manager's, against ``expected``."""
+    if manager_kind == "recorded":
+        assert_toolkit(bundle, env, expected, enabled=enabled)
+    else:
+        assert_manager(env, expected)
+
+
 def assert_manager(env, expected, *, launch: bool = False) -> None:
     """The real manager in ``env``: ``run --dry-run`` (``launch``: a real ``run``)."""
     cli_path = real_manager()
@@ -144,10 +152,7 @@ def test_a_legacy_state_file_enables_the_bundles_it_lists(
     write(state_file, {"schema_version": 1, "enabled": [bundle.extension_id] * copies})
     env = environment(state_file, verified_host)
     expected = Launches(with_bundle(bundle, switch, plugin))
-    if manager_kind == "recorded":
-        assert_toolkit(bundle, env, expected, enabled=True)
-    else:
-        assert_manager(env, expected)
+    assert_answer(manager_kind, bundle, env, expected, enabled=True)
 
 
 # --- 2. schema_version 2 without `extensions`; 3. an entry without `enabled` -----------------
@@ -159,10 +164,7 @@ def test_a_state_file_without_extensions_enables_nothing(
 ):
     write(state_file, {"schema_version": 2})
     env = environment(state_file, verified_host)
-    if manager_kind == "recorded":
-        assert_toolkit(bundle, env, Launches(NOTHING), enabled=False)
-    else:
-        assert_manager(env, Launches(NOTHING))
+    assert_answer(manager_kind, bundle, env, Launches(NOTHING), enabled=False)
 
 
 @pytest.mark.parametrize("manager_kind", MANAGERS)
@@ -172,10 +174,7 @@ def test_an_entry_without_enabled_is_not_enabled(
 ):
     write_state(state_file, {bundle.extension_id: entry})
     env = environment(state_file, verified_host)
-    if manager_kind == "recorded":
-        assert_toolkit(bundle, env, Launches(NOTHING), enabled=False)
-    else:
-        assert_manager(env, Launches(NOTHING))
+    assert_answer(manager_kind, bundle, env, Launches(NOTHING), enabled=False)
 
 
 # --- 4. a dangling symlink at the state path ------------------------------------------------
@@ -209,10 +208,7 @@ def test_an_unknown_key_in_any_entry_makes_the_manager_refuse(
     write_state(state_file, entries)
     env = environment(state_file, verified_host)
     expected = Refuses("config has unknown keys: ['enable']", f"extensions.{owner}.enable = true")
-    if manager_kind == "recorded":
-        assert_toolkit(bundle, env, expected, enabled=False)
-    else:
-        assert_manager(env, expected)
+    assert_answer(manager_kind, bundle, env, expected, enabled=False)
 
 
 # --- 6. the entry's configuration (`vllm-hust-ext extension configure`) ---------------------
