@@ -59,7 +59,7 @@ def reference_scores(checkpoints: dict[str, Path], batch: list[list[int]]) -> di
 
     reference = Spark2_5Reference.from_pretrained(checkpoints["causal-lm"], dtype=torch.float64)
     score = checkpoint_tensors(checkpoints["reward"])["score.weight"].double()
-    no, yes = (tokenizer_id(checkpoints["causal-lm"], token) for token in RERANK_TOKENS)
+    no, yes = token_ids(checkpoints["causal-lm"], RERANK_TOKENS)
     embedding = reference.model.embedding.weight
     results: dict[str, list] = {"embed": [], "reward": [], "rerank": []}
     with torch.no_grad():
@@ -72,10 +72,10 @@ def reference_scores(checkpoints: dict[str, Path], batch: list[list[int]]) -> di
     return results
 
 
-def tokenizer_id(checkpoint: Path, token: str) -> int:
+def token_ids(checkpoint: Path, tokens: tuple[str, ...]) -> list[int]:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(checkpoint).convert_tokens_to_ids(token)
+    return AutoTokenizer.from_pretrained(checkpoint).convert_tokens_to_ids(list(tokens))
 
 
 def _served(checkpoint: Path, convert: str, batch: list[list[int]], **overrides: Any) -> list:
