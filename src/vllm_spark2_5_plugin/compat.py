@@ -170,18 +170,20 @@ def load_weights(
     module: Any,
     weights: Iterable[tuple[str, Any]],
     *,
+    mapper: Any,
     stacked: Mapping[str, tuple[str, str | int]],
     skip_prefixes: Sequence[str] = (),
 ) -> set[str]:
-    """Load checkpoint-named ``weights`` into ``module`` through vLLM's ``AutoWeightsLoader``.
+    """Load checkpoint-named ``weights`` into ``module`` through vLLM's ``AutoWeightsLoader``
+    with ``mapper``, :func:`stacked_weights_mapper` of ``stacked``.
 
     Hides two API changes:
 
     * packed parameters: where ``WeightsMapper`` has ``orig_to_new_stacked`` (0.25
       and later) the mapper tags each stacked tensor with its shard id and the
-      packed layer reads it; vLLM 0.23 and 0.24 have neither, so there each stacked
-      tensor goes to ``param.weight_loader(param, tensor, shard_id)`` here, those
-      releases' idiom.
+      packed layer reads it; vLLM 0.23 and 0.24 have neither (the mapper is empty),
+      so there each stacked tensor goes to ``param.weight_loader(param, tensor,
+      shard_id)`` here, those releases' idiom.
       Tensors that are not stacked (a fused ``q_k_v_proj``) load with no shard id
       on both.
     * skipping: ``AutoWeightsLoader(skip_prefixes=...)`` was removed in vLLM 0.29;
@@ -194,7 +196,6 @@ def load_weights(
     skip = tuple(skip_prefixes)
     kept = ((name, tensor) for name, tensor in weights if not (skip and name.startswith(skip)))
     loader = utils.AutoWeightsLoader(module)
-    mapper = stacked_weights_mapper(stacked)
     if weights_mapper_stacks(type(mapper)):
         return loader.load_weights(kept, mapper=mapper)
 
@@ -216,6 +217,18 @@ def load_weights(
 
     rest_loaded = loader.load_weights(load_stacked_yield_rest(), mapper=mapper)
     return stacked_loaded | set(rest_loaded)
+
+
+def local_argmax_mixin() -> type:
+    """vLLM's ``LocalArgmaxMixin`` (0.24 and later): ``get_top_tokens``, the greedy
+    token a draft model's proposer takes with ``use_local_argmax_reduction``. On 0.23,
+    whose in-tree models lack the hook too, an empty base stands in."""
+    interfaces = importlib.import_module("vllm.model_executor.models.interfaces")
+    return getattr(interfaces, "LocalArgmaxMixin", _NoLocalArgmax)
+
+
+class _NoLocalArgmax:
+    pass
 
 
 def quantized_checkpoint_names(

@@ -42,6 +42,7 @@ from vllm.model_executor.models.interfaces import (
     SupportsEagle3,
     SupportsLoRA,
     SupportsPP,
+    SupportsQuant,
 )
 from vllm.model_executor.models.utils import (
     PPMissingLayer,
@@ -54,17 +55,14 @@ from vllm.sequence import IntermediateTensors
 
 from vllm_spark2_5_plugin import compat, host_hooks
 from vllm_spark2_5_plugin.settings import check_finite_requested
-from vllm_spark2_5_plugin.spark2_5_checkpoint import (
-    TensorChecks,
-    checkpoint_folder,
-    naming_damaged_files,
-)
+from vllm_spark2_5_plugin.spark2_5_checkpoint import TensorChecks, checkpoint_folder
 from vllm_spark2_5_plugin.spark2_5_config import SLIDING_ATTENTION, Spark2_5Config
 from vllm_spark2_5_plugin.spark2_5_loading import WeightIntake, watch_update_sessions
 from vllm_spark2_5_plugin.spark2_5_lora import AdapterChecks
-from vllm_spark2_5_plugin.spark2_5_names import PACKED_MODULES
+from vllm_spark2_5_plugin.spark2_5_names import PACKED_MODULES, STACKED_PARAMS
 
 Attention = compat.attention_cls()
+LocalArgmaxMixin = compat.local_argmax_mixin()
 logger = logging.getLogger("vllm.spark2_5_plugin")
 
 _GATE_ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": F.silu}
@@ -320,8 +318,32 @@ class Spark2_5Model(nn.Module):
         return hidden_states
 
 
+def _refuse_draft_model_over_sliding_layers(speculative_config: Any) -> None:
+    # A separate draft model over a target with sliding-window layers gives tokens the
+    # target alone does not (measured on vLLM 0.32 CPU; vLLM refuses in-tree Gemma2's).
+    if getattr(speculative_config, "method", None) != "draft_model":
+        return
+    target = getattr(speculative_config.target_model_config, "hf_config", None)
+    if SLIDING_ATTENTION in getattr(target, "layer_types", ()):
+        raise ValueError(
+            'speculative_config method "draft_model" is not supported over Spark2_5 '
+            "models with sliding-window layers: vLLM's separate draft model changes "
+            'their greedy output. Use "eagle3", "eagle" or "ngram" instead'
+        )
+
+
 @watch_update_sessions
-class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle, SupportsEagle3):
+class Spark2_5ForCausalLM(
+    LocalArgmaxMixin,
+    nn.Module,
+    SupportsLoRA,
+    SupportsPP,
+    SupportsEagle,
+    SupportsEagle3,
+    SupportsQuant,
+):
+    # Checkpoint names are parameter names, but for the parts of packed parameters.
+    hf_to_vllm_mapper = compat.stacked_weights_mapper(STACKED_PARAMS)
     # Every linear layer may be targeted by an adapter, g_proj included: its delta
     # adds to the gate logits before the activation, as merged weights would.
     packed_modules_mapping: ClassVar[dict[str, list[str]]] = PACKED_MODULES
@@ -335,6 +357,7 @@ class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle, Su
         config = vllm_config.model_config.hf_config
         self.config = config
         self.quant_config = vllm_config.quant_config
+        _refuse_draft_model_over_sliding_layers(vllm_config.speculative_config)
         self.model = Spark2_5Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         if get_pp_group().is_last_rank:
             self.lm_head = ParallelLMHead(
@@ -363,7 +386,6 @@ class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle, Su
                 quantized=vllm_config.quant_config is not None,
                 check_finite=check_finite_requested(),
             ),
-            prepare=self._checkpoint_tensors,
             folder=self.checkpoint_folder,
             model_config=model_config,
         )
@@ -424,11 +446,3 @@ class Spark2_5ForCausalLM(nn.Module, SupportsLoRA, SupportsPP, SupportsEagle, Su
         # The first call loads the checkpoint; later ones update it in place
         # (spark2_5_loading says how).
         return self.weight_intake.take(weights)
-
-    def _checkpoint_tensors(
-        self, weights: Iterable[tuple[str, torch.Tensor]]
-    ) -> Iterable[tuple[str, torch.Tensor]]:
-        weights = naming_damaged_files(weights, self.checkpoint_folder)
-        # Tensors the quantization method does not load (GPTQ's g_idx) never reach
-        # the ledger.
-        return compat.quantized_checkpoint_names(self.quant_config, weights)

@@ -51,6 +51,7 @@ from vllm_spark2_5_plugin.spark2_5_checkpoint import (
     Spark2_5CheckpointError,
     TensorChecks,
     described_tensors,
+    naming_damaged_files,
     quantized_g_proj_error,
 )
 from vllm_spark2_5_plugin.spark2_5_names import (
@@ -199,22 +200,20 @@ OUTSIDE_SESSION = (
 class WeightIntake:
     """The weights one model takes: its first load, then every update session.
 
-    ``prepare`` renames and wraps checkpoint tensors as vLLM reads them (quantized
-    names, damaged files named); ``folder`` is where vLLM reads them from now;
-    ``model_config`` is what vLLM finishes a session with.
+    ``folder`` is where vLLM reads them from now; ``model_config`` is what vLLM
+    finishes a session with. The model's ``hf_to_vllm_mapper`` routes checkpoint
+    names to parameters, as in vLLM's own models.
     """
 
     def __init__(
         self,
         model: nn.Module,
         checks: TensorChecks,
-        prepare: Callable[[Weights], Weights],
         folder: Callable[[], Path | None],
         model_config: Any,
     ) -> None:
         self.model = model
         self.checks = checks
-        self.prepare = prepare
         self.folder = folder
         self.model_config = model_config
         # reload_weights(weights_path=...) repoints model_config.model before the
@@ -225,7 +224,11 @@ class WeightIntake:
         # embedding, so that copy is dropped rather than written over it.
         self.skip_prefixes = ("lm_head.",) if model.config.tie_word_embeddings else ()
         self.load: Callable[[Weights], set[str]] = partial(
-            compat.load_weights, model, stacked=STACKED_PARAMS, skip_prefixes=self.skip_prefixes
+            compat.load_weights,
+            model,
+            mapper=type(model).hf_to_vllm_mapper,
+            stacked=STACKED_PARAMS,
+            skip_prefixes=self.skip_prefixes,
         )
         self.first_load_done = False
         self.session: CheckpointLedger | None = None
@@ -233,6 +236,12 @@ class WeightIntake:
         host_hooks.keep_onednn_int8_scales(model)
         # Packed parameter -> its parts pushed so far in this session, held back.
         self.held: dict[str, dict[str | int, tuple[str, torch.Tensor]]] = {}
+
+    def prepare(self, weights: Weights) -> Weights:
+        """``weights`` as the model's quantization method reads them (GPTQ's ``g_idx``
+        never reaches the ledger), a damaged file named should reading fail."""
+        weights = naming_damaged_files(weights, self.folder)
+        return compat.quantized_checkpoint_names(self.model.quant_config, weights)
 
     def ledger(self) -> CheckpointLedger:
         return CheckpointLedger(self.model, self.skip_prefixes, self.checks)

@@ -119,6 +119,7 @@ def test_load_weights_fills_packed_shards_and_drops_skipped_names(layer, request
     names = compat.load_weights(
         layer,
         iter({**weights, **stray}.items()),
+        mapper=compat.stacked_weights_mapper(STACKED_PARAMS),
         stacked=STACKED_PARAMS,
         skip_prefixes=["lm_head."],
     )
@@ -143,7 +144,15 @@ def test_load_weights_loads_a_fused_qkv_with_no_shard_id(layer, request, api):
         "mlp.up_proj.weight": weights["mlp.up_proj.weight"],
         "norm.weight": weights["norm.weight"],
     }
-    assert compat.load_weights(layer, iter(fused.items()), stacked=STACKED_PARAMS) == LOADED
+    assert (
+        compat.load_weights(
+            layer,
+            iter(fused.items()),
+            mapper=compat.stacked_weights_mapper(STACKED_PARAMS),
+            stacked=STACKED_PARAMS,
+        )
+        == LOADED
+    )
     torch.testing.assert_close(layer.self_attn.q_k_v_proj.weight.detach(), qkv, rtol=0, atol=0)
     torch.testing.assert_close(layer.mlp.gate_up_proj.weight.detach(), gate_up, rtol=0, atol=0)
 

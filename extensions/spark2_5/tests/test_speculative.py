@@ -1,6 +1,7 @@
-"""Speculative decoding with EAGLE and EAGLE-3 draft heads on real vLLM (CPU): the
-greedy tokens are exactly those of plain generation, and a head asking for a layer
-Spark2_5 does not have is refused by name (``spark2_5_dev.speculative``)."""
+"""Speculative decoding with EAGLE and EAGLE-3 draft heads and a draft model on real
+vLLM (CPU): the greedy tokens are exactly those of plain generation; a head asking
+for a layer Spark2_5 does not have, and a draft model over sliding-window layers, are
+refused by name (``spark2_5_dev.speculative``)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,15 @@ def test_an_eagle3_head_asking_for_a_missing_layer_is_refused_by_name(result):
     refusal = result["refusal_out_of_range"]
     assert "layers [1, 2, 9], but it has layers 0 to 3" in refusal, refusal
     assert "eagle_aux_hidden_state_layer_ids" in refusal
+
+
+def test_greedy_tokens_with_a_spark2_5_draft_model_are_those_without(result):
+    # Where vLLM has use_local_argmax_reduction, the draft's tokens come from its
+    # get_top_tokens: without that hook the drafter fails on its first step.
+    assert result["draft_model"] == result["full_attention_plain"]
+
+
+def test_a_draft_model_over_sliding_window_layers_is_refused_by_name(result):
+    refusal = result["refusal_draft_model_over_sliding"]
+    assert '"draft_model" is not supported over Spark2_5 models with sliding' in refusal
+    assert '"eagle3"' in refusal, refusal

@@ -203,7 +203,7 @@ USES = [
         "is_pp_missing_parameter",
         attr(UTILS, "is_pp_missing_parameter"),
         (Call(2),),
-        "compat.load_weights (and spark2_5.py's _CheckpointLedger)",
+        "compat.load_weights (and spark2_5_loading's CheckpointLedger)",
     ),
     Use(
         "WeightsMapper",
@@ -494,6 +494,7 @@ def test_compat_takes_the_path_each_release_needs(release_shape, vllm_model_env)
     loaded = compat.load_weights(
         layer,
         iter({**weights, "lm_head.weight": torch.zeros(3)}.items()),
+        mapper=compat.stacked_weights_mapper(STACKED_PARAMS),
         stacked=STACKED_PARAMS,
         skip_prefixes=["lm_head."],
     )

@@ -71,6 +71,13 @@ def reloads_weights_into_lora_layers() -> bool:
     )
 
 
+def takes_draft_tokens_by_local_argmax() -> bool:
+    """Whether vLLM's models take a draft model's tokens from ``get_top_tokens``
+    (``LocalArgmaxMixin``, vLLM 0.24 and later; 0.23 has the option, but its models
+    do not have the hook)."""
+    return _module_has("vllm.model_executor.models.interfaces", "LocalArgmaxMixin")
+
+
 def _module_has(module_name: str, attribute: str) -> bool:
     try:
         return hasattr(importlib.import_module(module_name), attribute)

@@ -1,9 +1,11 @@
-"""Speculative decoding on Spark2_5 with EAGLE and EAGLE-3 draft heads.
+"""Speculative decoding on Spark2_5 with EAGLE and EAGLE-3 draft heads and draft models.
 
 A random tiny Spark2_5 checkpoint and, for it, a random one-layer Llama-style
 EAGLE head and EAGLE-3 head (the layouts vLLM loads for Llama targets; the
-EAGLE-3 head reads three of Spark2_5's layers, sliding and full). Greedy
-generation with each head must give exactly the tokens of generation without
+EAGLE-3 head reads three of Spark2_5's layers, sliding and full). Then a smaller
+Spark2_5 as the draft model of a Spark2_5 of full-attention layers, its draft
+tokens taken with ``get_top_tokens`` where vLLM has that option. Greedy
+generation with each must give exactly the tokens of generation without
 speculation: the target model verifies every drafted token. One in-process
 engine at a time, float32.
 """
@@ -16,6 +18,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from spark2_5_dev import host_features
 from spark2_5_dev.checkpoints import (
     TINY_VOCAB_SIZE,
     build_spark2_5_checkpoint,
@@ -135,6 +138,28 @@ def run(workdir: Path) -> dict[str, Any]:
         result["refusal_out_of_range"] = ""
     except Exception as error:  # the engine's own error, as a user sees it
         result["refusal_out_of_range"] = f"{type(error).__name__}: {error}"
+    result.update(_draft_models(workdir, batch, target))
+    return result
+
+
+def _draft_models(workdir: Path, batch: list[list[int]], hybrid: Path) -> dict[str, Any]:
+    full = ["full_attention"] * 4
+    target = build_spark2_5_checkpoint(workdir / "full-target", seed=SEED, layer_types=full)
+    draft = build_spark2_5_checkpoint(
+        workdir / "draft-model", seed=SEED + 1, num_hidden_layers=2, layer_types=full[:2]
+    )
+    speculative = _speculative("draft_model", draft)
+    if host_features.takes_draft_tokens_by_local_argmax():
+        speculative["use_local_argmax_reduction"] = True
+    result: dict[str, Any] = {
+        "full_attention_plain": _generate(target, batch, None),
+        "draft_model": _generate(target, batch, speculative),
+    }
+    try:
+        _generate(hybrid, batch[:1], speculative)
+        result["refusal_draft_model_over_sliding"] = ""
+    except Exception as error:
+        result["refusal_draft_model_over_sliding"] = f"{type(error).__name__}: {error}"
     return result
 
 
@@ -147,5 +172,8 @@ if __name__ == "__main__":
         __spec__.name,
         __doc__.splitlines()[0],
         run,
-        lambda result: {m: result[m] == result["plain"] for m in ("eagle", "eagle3")},
+        lambda result: {
+            **{m: result[m] == result["plain"] for m in ("eagle", "eagle3")},
+            "draft_model": result["draft_model"] == result["full_attention_plain"],
+        },
     )
