@@ -104,13 +104,6 @@ def test_activation_blocker_follows_the_documented_rule():
     assert installed.activation_blocker(mixed) is None
 
 
-def test_version_is_typed_once_in_pyproject():
-    version = pyproject()["version"]
-    assert importlib.metadata.version(pyproject()["name"]) == version
-    for bundle in our_bundles():
-        assert bundle.manifest["extension_version"] == version
-
-
 def test_each_host_range_is_bounded_and_contains_its_verified_hosts():
     for source in manifest_source()["bundle"]:
         host = source["host"]

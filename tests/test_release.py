@@ -32,12 +32,12 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from carrier_harness.project import PROJECT_ROOT as ROOT
-from carrier_harness.project import read_workflow, setup_env_vllm_version
+from carrier_harness.project import pyproject, read_workflow, setup_env_vllm_version
 
 WORKFLOWS = ROOT / ".github" / "workflows"
 CHECK_DIST = ROOT / "scripts" / "check-dist"
 check_dist = runpy.run_path(str(CHECK_DIST))
-PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+PROJECT = pyproject()
 VERSION = PROJECT["version"]
 BUNDLES = PROJECT["entry-points"]["vllm_hust.extension_bundles"]
 SOURCE_DATE_EPOCH = "1700000000"

@@ -19,14 +19,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 
-from carrier_harness.project import read_workflow
+from carrier_harness.project import pyproject, read_workflow
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISH = ROOT / ".github" / "workflows" / "publish.yml"
-VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+VERSION = pyproject()["version"]
 APPROVALS_JQ = re.compile(r"--jq '([^']+)'")
 
 

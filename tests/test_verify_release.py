@@ -18,13 +18,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import tomllib
 
 from carrier_harness.package_index import serve_index
+from carrier_harness.project import pyproject
 
 ROOT = Path(__file__).resolve().parent.parent
 VERIFY_RELEASE = ROOT / "scripts" / "verify-release"
-PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+PROJECT = pyproject()
 NAME, VERSION = PROJECT["name"], PROJECT["version"]
 
 # --- verify-release --------------------------------------------------------------------------

@@ -1,8 +1,13 @@
-"""Session fixtures of the Spark2_5 carrier's tests: tiny checkpoints built once."""
+"""Fixtures the Spark2_5 carrier's tests share: tiny checkpoints built once, the tiny
+tokenizer, an openai client of a module's ``server``, the benchmarks importable."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +24,24 @@ def spark_chat_model():
     from spark2_5_dev.fixture import build_fixture
 
     return build_fixture()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory):
+    """The tiny tokenizer the tool-parser tests parse with."""
+    from spark2_5_dev.tool_parsing import load_tokenizer
+
+    return load_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """An openai client of the ``server`` fixture of the requesting module."""
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+def benchmarks_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))

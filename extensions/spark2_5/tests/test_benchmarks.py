@@ -18,11 +18,6 @@ BENCHMARKS = CARRIER / "benchmarks"
 SCRIPTS = ("bench_model.py", "bench_carrier.py", "bench_serving.py", "bench_weight_updates.py")
 
 
-@pytest.fixture
-def benchmarks_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-
-
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_script_accepts_quick_and_out(script: str):
     done = subprocess.run(

@@ -42,11 +42,6 @@ def server(spark_chat_model, tmp_path_factory):
         yield running
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
-
-
 def chat(client, messages, tools=None, **kwargs):
     return client.chat.completions.create(
         model=client.models.list().data[0].id,

@@ -74,11 +74,6 @@ def server(spark_chat_model, tmp_path_factory):
         yield running
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
-
-
 def answer(client, model, conversation):
     """The greedy reply: its text and its tool calls, as the client gets them."""
     choice = client.chat.completions.create(

@@ -51,11 +51,6 @@ def server(request, spark_chat_model, tmp_path_factory):
         pytest.skip(f"this CPU's vLLM kernels cannot run GPTQ, refused: {refusal[-300:]}")
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
-
-
 def chat(client, conversation: fixture.Conversation):
     return client.chat.completions.create(
         model=client.models.list().data[0].id,

@@ -87,7 +87,6 @@ def test_pep440_edges_of_the_shipped_range(host_version, inside):
 def test_a_prerelease_between_the_bounds_is_where_packaging_versions_disagree():
     """docs/support-matrix.md says which: the installed packaging decides, none was verified."""
     assert rules_disagree("0.28.1rc1.dev3", HOST["version_range"])
-    assert "pre-release" in MATRIX.lower() and "`packaging`" in MATRIX
 
 
 def test_the_rendered_manifest_carries_the_same_range():
@@ -99,7 +98,6 @@ def test_the_docs_state_the_shipped_range():
     assert stated == HOST["version_range"]
     in_release = re.search(r"current range is `([^`]+)`", " ".join(RELEASE.split())).group(1)
     assert in_release == HOST["version_range"]
-    assert "support-matrix.md" in RELEASE and "scripts/run-matrix" in RELEASE
 
 
 def test_run_matrix_defaults_to_the_verified_releases():
@@ -111,10 +109,9 @@ def test_run_matrix_defaults_to_the_verified_releases():
     assert done.stdout.split() == [public(host) for host in HOST["verified_on"]]
 
 
-def test_the_readme_cites_the_matrix_instead_of_restating_the_range():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "extensions/spark2_5/docs/support-matrix.md" in readme
-    assert HOST["version_range"] not in readme
+def test_the_readme_does_not_restate_the_range():
+    """The range lives in manifest.toml and the matrix; a copy would go stale."""
+    assert HOST["version_range"] not in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
 def test_the_table_is_rendered_from_the_run_records():

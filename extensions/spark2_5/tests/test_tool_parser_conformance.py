@@ -32,7 +32,7 @@ from spark2_5_dev.host_features import (
     ends_incomplete_responses_with_their_own_event,
     streams_responses_through_parser,
 )
-from spark2_5_dev.tool_parsing import WEATHER_TOOL, chat_request, load_tokenizer, serving_parser_cls
+from spark2_5_dev.tool_parsing import WEATHER_TOOL, chat_request, serving_parser_cls
 from vllm_spark2_5_plugin.spark2_5_tool_parser import DeltaMessage
 
 pytestmark = pytest.mark.slow
@@ -87,11 +87,6 @@ def corpus() -> list[str]:
         "No call </arg_key> here <tool_call> at all",
     ]
     return outputs
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return load_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
 def requests() -> dict[str, Any]:

@@ -23,17 +23,11 @@ from spark2_5_dev.tool_parsing import (
     TOOLS,
     Parsed,
     chat_request,
-    load_tokenizer,
     non_streaming,
 )
 from vllm_spark2_5_plugin.spark2_5_tool_parser import Spark25ToolParser
 
 REQUEST = chat_request()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return load_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
 OLDER_GLM45 = "Glm4MoeModelToolParser"

@@ -18,7 +18,6 @@ from spark2_5_dev.tool_parsing import (
     TYPED_TOOL,
     Parsed,
     chat_request,
-    load_tokenizer,
     non_streaming,
     split_at,
     stream_tool_parser,
@@ -37,11 +36,6 @@ from vllm_spark2_5_plugin.spark2_5_tool_parser import (
 
 TYPED = TYPED_TOOL["function"]["parameters"]["properties"]
 REQUEST = chat_request()
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return load_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
 def call_text(name: str, pairs: list[tuple[str, str]], newline: bool = False) -> str:

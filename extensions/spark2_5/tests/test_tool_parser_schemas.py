@@ -18,7 +18,6 @@ from spark2_5_dev.host_features import constrains_forced_calls
 from spark2_5_dev.tool_parsing import (
     Parsed,
     chat_request,
-    load_tokenizer,
     non_streaming,
     serving_parser_cls,
     stream_tool_parser,
@@ -31,11 +30,6 @@ from vllm_spark2_5_plugin.spark2_5_tool_parser import (
     schema_types,
     value_json,
 )
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return load_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
 def parse(tokenizer, text: str, tools: list[dict[str, Any]]) -> Parsed:

@@ -17,7 +17,6 @@ from spark2_5_dev.tool_parsing import (
     Parsed,
     accumulate,
     chat_request,
-    load_tokenizer,
     non_streaming,
     serving_parser_cls,
     serving_parser_deltas,
@@ -28,11 +27,6 @@ from vllm_spark2_5_plugin.spark2_5_tool_parser import Spark25ToolParser
 
 TAGS = ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]
 PARTIAL_TAGS = [tag[:end] for tag in TAGS for end in range(1, len(tag))]
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return load_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
 REQUEST = chat_request()
