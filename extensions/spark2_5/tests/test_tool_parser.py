@@ -21,7 +21,6 @@ from spark2_5_dev.tool_parsing import (
     accumulate,
     arguments,
     chat_request,
-    load_tokenizer,
     non_streaming,
     register_spark25,
     serving_parser_cls,
@@ -38,11 +37,6 @@ from vllm_spark2_5_plugin.spark2_5_tool_parser import (
 )
 
 pytestmark = pytest.mark.contract
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    return load_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
 
 @pytest.fixture(scope="module")
@@ -745,3 +739,53 @@ def test_the_parsers_core_imports_no_vllm(module):
     }
     outside = {name for name in imported if name.split(".")[0] == "vllm" or "compat" in name}
     assert not outside, outside
+
+
+STOCK_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_stock_price",
+        "description": "A stock's closing prices.",
+        "parameters": {
+            "type": "object",
+            "properties": {"symbol": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["symbol", "days"],
+        },
+    },
+}
+PINNED_SCHEMA = '"required":["symbol","days"]'
+
+
+def stock_request(api: str, tool_choice: Any, **function: Any) -> Any:
+    tool = {**STOCK_TOOL, "function": {**STOCK_TOOL["function"], **function}}
+    if api == "chat":
+        return chat_request(tools=[tool], tool_choice=tool_choice)
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    if isinstance(tool_choice, dict):
+        tool_choice = {"type": "function", "name": tool_choice["function"]["name"]}
+    tools = [{"type": "function", **tool["function"]}]
+    return ResponsesRequest(model="tiny", input="AAPL?", tools=tools, tool_choice=tool_choice)
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+@pytest.mark.parametrize(
+    ("tool_choice", "function", "pinned"),
+    [
+        ("required", {}, True),
+        ({"type": "function", "function": {"name": "get_stock_price"}}, {}, True),
+        ("required", {"strict": False}, False),
+        ("auto", {}, False),
+    ],
+    ids=["required", "named", "required-strict-false", "auto"],
+)
+def test_a_forced_call_is_held_to_its_tools_schema(tokenizer, api, tool_choice, function, pinned):
+    """Required keys and value types are pinned in the call grammar of a forced call
+    (vLLM's default pins the frame only); a tool's own strict: false and "auto" are not."""
+    if not constrains_forced_calls():
+        pytest.skip("this vLLM refuses forced calls: a 400, tested above")
+    tag = Spark25ToolParser(tokenizer).get_structural_tag(
+        stock_request(api, tool_choice, **function)
+    )
+    dumped = "" if tag is None else tag.model_dump_json()
+    assert (PINNED_SCHEMA in dumped) is pinned, dumped

@@ -2,8 +2,9 @@
 client. The model is the tiny random Llama with Spark2_5's tokenizer, so what it
 says is arbitrary: the tests assert only what must hold for any model, which is
 exactly what the parser and guided decoding guarantee. ``tool_choice="required"``
-and a named tool still return a Spark-format call, streaming returns what the
-non-streaming request returns, and bad input gets a clear error."""
+and a named tool still return a Spark-format call holding every required key,
+streaming returns what the non-streaming request returns, and bad input gets a
+clear error."""
 
 from __future__ import annotations
 
@@ -29,12 +30,16 @@ SERVE_ARGS = [
     # Two identical greedy requests must compute identically.
     "--no-enable-prefix-caching",
 ]
-# Enums and booleans keep a random model's constrained arguments short.
+# Enums and booleans keep a random model's constrained arguments short; a forced
+# call must hold the required keys, which a random model would rarely write unasked.
 WEATHER_TOOL = with_parameters(
     tools.WEATHER_TOOL,
     {"city": {"type": "string", "enum": ["Paris", "Rome"]}, "metric": {"type": "boolean"}},
+    required=("city", "metric"),
 )
-TIME_TOOL = with_parameters(tools.TIME_TOOL, {"zone": {"type": "string", "enum": ["UTC", "CET"]}})
+TIME_TOOL = with_parameters(
+    tools.TIME_TOOL, {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, required=("zone",)
+)
 STRICT_TOOL = with_parameters(
     tools.WEATHER_TOOL, {"metric": {"type": "boolean"}}, required=("metric",), strict=True
 )
@@ -50,11 +55,6 @@ def server(tiny_llama, tmp_path_factory):
     env = clean_env(SPARK2_5_PLUGIN_ENABLE="1")
     with VllmServer(tiny_llama, SERVE_ARGS, env=env, log_path=log) as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
 
 
 def request_args(client, tools, tool_choice, **extra):
@@ -87,14 +87,17 @@ def stream(client, **args):
     return streamed.finish_reason, streamed.content, list(streamed.calls())
 
 
-def check_arguments(calls, tools):
+def check_arguments(calls, tools, forced=False):
     """Each call names a declared tool; its arguments are a JSON object whose keys
-    are declared and whose values have the declared types."""
+    are declared (every required one, when the call was forced) and whose values
+    have the declared types."""
     schemas = {tool["function"]["name"]: tool["function"]["parameters"] for tool in tools}
     for name, arguments in calls:
         properties = schemas[name]["properties"]
         decoded = json.loads(arguments)
         assert isinstance(decoded, dict) and set(decoded) <= set(properties), arguments
+        if forced:
+            assert set(schemas[name]["required"]) <= set(decoded), arguments
         for key, value in decoded.items():
             if "enum" in properties[key]:
                 assert value in properties[key]["enum"], arguments
@@ -127,7 +130,7 @@ def test_forced_tool_choice_returns_a_spark_call_streamed_or_not(client, tools, 
         assert any(content.startswith(f"<tool_call>{name}") for name in names), content
     else:
         assert len(calls) == 1 and calls[0][0] in names, (finish_reason, content, calls)
-    check_arguments(calls, tools)
+    check_arguments(calls, tools, forced=True)
     # OpenAI reports a named call with "stop", a required one with "tool_calls";
     # before 0.32 vLLM's non-streaming path may say "length" where the stream says
     # "tool_calls" for the same tokens.

@@ -74,6 +74,17 @@ def _forces_call(tool_choice: Any) -> bool:
     return choice_type == "allowed_tools" and getattr(tool_choice, "mode", None) == "required"
 
 
+def _pinned(tool: Any) -> Any:
+    """``tool`` with ``strict: true`` unless it says ``strict`` itself (Chat tools
+    carry it on ``function``, Responses tools on the tool)."""
+    function = getattr(tool, "function", None)
+    if function is not None and getattr(function, "strict", False) is None:
+        return tool.model_copy(update={"function": function.model_copy(update={"strict": True})})
+    if function is None and getattr(tool, "strict", False) is None:
+        return tool.model_copy(update={"strict": True})
+    return tool
+
+
 def _describe_choice(tool_choice: Any) -> str:
     if isinstance(tool_choice, str):
         return repr(tool_choice)
@@ -136,6 +147,16 @@ class Spark25ToolParser(ToolParser):
         elif _forces_call(request.tool_choice):
             raise _unconstrained_forced_call_error(self, request.tool_choice)
         return request
+
+    def get_structural_tag(self, request: Any, **options: Any) -> Any:
+        # A forced call is held to each tool's schema (every required key, values of
+        # their types) as if the tool said strict: true; vLLM's default pins only the
+        # call's frame, so a call may come with no arguments. A tool that says
+        # strict: false keeps free arguments; "auto" stays unconstrained.
+        if request.tools and _forces_call(request.tool_choice):
+            pinned = [_pinned(tool) for tool in request.tools]
+            request = request.model_copy(update={"tools": pinned})
+        return super().get_structural_tag(request, **options)
 
     def extract_tool_calls(self, model_output: str, request: Any) -> Any:
         scanner = Scanner(_callable_tools(request))
