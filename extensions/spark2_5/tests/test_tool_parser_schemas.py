@@ -25,6 +25,7 @@ from spark2_5_dev.tool_parsing import (
 from spark2_5_dev.tools import function_tool
 from vllm_spark2_5_plugin.spark2_5_tool_parser import (
     MAX_GRAMMAR_SCHEMA_CHARS,
+    MAX_PINNED_PROPERTIES,
     MAX_REF_HOPS,
     Spark25ToolParser,
     schema_types,
@@ -177,6 +178,17 @@ def test_a_forced_call_grammar_beyond_the_bound_is_a_400_naming_tool_size_and_li
     assert size > MAX_GRAMMAR_SCHEMA_CHARS
     assert f"more than the {MAX_GRAMMAR_SCHEMA_CHARS:,}" in message
     assert type(refusal.value).__name__ == "VLLMValidationError"
+
+
+@pytest.mark.skipif(not constrains_forced_calls(), reason="vLLM 0.23 refuses forced calls")
+def test_a_forced_call_pins_whole_schemas_only_up_to_the_property_bound(tokenizer):
+    """Beyond ``MAX_PINNED_PROPERTIES`` a pinned grammar would take seconds to compile:
+    names and keys are pinned then, as vLLM does by default."""
+    pinned = '"properties": {"p00000"'
+    small = forced(tokenizer, many_properties(MAX_PINNED_PROPERTIES))
+    assert pinned in small.structured_outputs.structural_tag
+    large = forced(tokenizer, many_properties(MAX_PINNED_PROPERTIES + 1))
+    assert pinned not in large.structured_outputs.structural_tag
 
 
 def test_without_a_grammar_any_schema_size_passes(tokenizer):

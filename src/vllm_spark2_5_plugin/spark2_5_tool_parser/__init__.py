@@ -33,6 +33,7 @@ from vllm_spark2_5_plugin.spark2_5_tool_parser.adapter import (
 from vllm_spark2_5_plugin.spark2_5_tool_parser.scanner import MAX_IDENTIFIER_CHARS
 from vllm_spark2_5_plugin.spark2_5_tool_parser.schema import (
     MAX_GRAMMAR_SCHEMA_CHARS,
+    MAX_PINNED_PROPERTIES,
     MAX_SCHEMA_DEPTH,
 )
 from vllm_spark2_5_plugin.spark2_5_tool_parser.values import (
@@ -48,6 +49,7 @@ __all__ = [
     "MAX_IDENTIFIER_CHARS",
     "MAX_INTEGER_DIGITS",
     "MAX_JSON_DEPTH",
+    "MAX_PINNED_PROPERTIES",
     "MAX_REF_HOPS",
     "MAX_SCHEMA_DEPTH",
     "DeltaMessage",

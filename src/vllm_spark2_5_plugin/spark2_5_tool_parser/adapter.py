@@ -16,6 +16,7 @@ that plain data.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -152,11 +153,20 @@ class Spark25ToolParser(ToolParser):
         # A forced call is held to each tool's schema (every required key, values of
         # their types) as if the tool said strict: true; vLLM's default pins only the
         # call's frame, so a call may come with no arguments. A tool that says
-        # strict: false keeps free arguments; "auto" stays unconstrained.
-        if request.tools and _forces_call(request.tool_choice):
+        # strict: false keeps free arguments; "auto" stays unconstrained; tools too
+        # large to pin cheaply get vLLM's default.
+        tools = compat.function_tools(request.tools)
+        if (
+            request.tools
+            and _forces_call(request.tool_choice)
+            and schema.declared_properties(tools) <= schema.MAX_PINNED_PROPERTIES
+        ):
             pinned = [_pinned(tool) for tool in request.tools]
             request = request.model_copy(update={"tools": pinned})
-        return super().get_structural_tag(request, **options)
+        tag = super().get_structural_tag(request, **options)
+        if tag is not None:  # measured as vLLM hands it to the compiler
+            _as_400(schema.check_grammar_size, tools, json.dumps(tag.model_dump()))
+        return tag
 
     def extract_tool_calls(self, model_output: str, request: Any) -> Any:
         scanner = Scanner(_callable_tools(request))

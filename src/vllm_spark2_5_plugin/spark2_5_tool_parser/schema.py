@@ -171,6 +171,27 @@ def check_tools(tools: Sequence[tuple[str, Any]]) -> None:
             )
 
 
+# A grammar that pins whole schemas compiles far slower per property than one that pins
+# names and keys (xgrammar 0.2.8 on 2 CPUs: 300 properties 0.4 s, 1,000 properties
+# 14 s; benchmarks/bench_grammar.py): a forced call pins its tools' schemas only up to
+# this many properties in all, about what the character bound allows names and keys.
+MAX_PINNED_PROPERTIES = 300
+
+
+def declared_properties(tools: Sequence[tuple[str, Any]]) -> int:
+    """How many properties the tools' schemas declare, nested and under ``$defs`` too."""
+    count, pending = 0, [schema for _, schema in tools]
+    while pending:  # no recursion: the schema may not have been checked yet
+        node = pending.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("properties"), dict):
+                count += len(node["properties"])
+            pending.extend(node.values())
+        elif isinstance(node, list):
+            pending.extend(node)
+    return count
+
+
 def check_grammar_size(tools: Sequence[tuple[str, Any]], structural_tag: str) -> None:
     """Refuse, naming the largest tool, a request whose call grammar
     (``structural_tag``, the JSON vLLM compiles) is longer than
