@@ -191,6 +191,42 @@ def test_a_forced_call_pins_whole_schemas_only_up_to_the_property_bound(tokenize
     assert pinned not in large.structured_outputs.structural_tag
 
 
+STOCK_TOOL = function_tool(
+    "get_stock_price",
+    "A stock's closing prices.",
+    {"symbol": {"type": "string"}, "days": {"type": "integer"}},
+    required=("symbol", "days"),
+)
+
+
+@pytest.mark.skipif(not constrains_forced_calls(), reason="vLLM 0.23 refuses forced calls")
+@pytest.mark.parametrize("api", ["chat", "responses"])
+@pytest.mark.parametrize(
+    ("tool_choice", "strict", "pinned"),
+    [
+        ("required", None, True),
+        ("named", None, True),
+        ("required", False, False),
+        ("auto", None, False),
+    ],
+    ids=["required", "named", "required-strict-false", "auto"],
+)
+def test_a_forced_call_is_held_to_its_tools_schema(tokenizer, api, tool_choice, strict, pinned):
+    """Required keys and value types are pinned in the call grammar of a forced call
+    (vLLM's default pins the frame only); not for a tool that says strict: false, and
+    not under "auto"."""
+    if tool_choice == "named":
+        name = STOCK_TOOL["function"]["name"]
+        tool_choice = {
+            "type": "function",
+            **({"function": {"name": name}} if api == "chat" else {"name": name}),
+        }
+    tool = {**STOCK_TOOL, "function": {**STOCK_TOOL["function"], "strict": strict}}
+    request = forced(tokenizer, tool, tool_choice, api)
+    tag = getattr(request.structured_outputs, "structural_tag", None) or ""
+    assert ('"required": ["symbol", "days"]' in tag) is pinned, tag
+
+
 def test_without_a_grammar_any_schema_size_passes(tokenizer):
     """Under ``"auto"`` with no strict tool nothing is compiled, so nothing is bounded."""
     request = forced(tokenizer, many_properties(1100), "auto")
