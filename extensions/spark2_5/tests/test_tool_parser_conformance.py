@@ -206,8 +206,8 @@ def responses_streamed_items(parser, deltas: list[tuple[str, int]], request) -> 
         )
         return [event async for event in events]
 
-    asyncio.run(run())
-    return context.streamed_output_items or []
+    events = asyncio.run(run())
+    return [event.item for event in events if event.type == "response.output_item.done"]
 
 
 SERVED = {
