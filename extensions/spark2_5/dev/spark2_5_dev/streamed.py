@@ -15,7 +15,6 @@ def reasoning_of(message: Any) -> str | None:
 @dataclass
 class _Call:
     name: str
-    named_at: int
     arguments: str = ""
     argument_chunks: list[int] = field(default_factory=list)
 
@@ -43,7 +42,7 @@ class StreamedAnswer:
             if delta.index not in self._calls:
                 if not (delta.id and delta.function and delta.function.name):
                     raise AssertionError(f"call {delta.index} began without id and name: {delta}")
-                self._calls[delta.index] = _Call(delta.function.name, number)
+                self._calls[delta.index] = _Call(delta.function.name)
             if delta.function and delta.function.arguments:
                 call = self._calls[delta.index]
                 call.arguments += delta.function.arguments
@@ -53,12 +52,6 @@ class StreamedAnswer:
         """``(name, arguments)`` of each call, in index order."""
         return tuple((self._calls[i].name, self._calls[i].arguments) for i in sorted(self._calls))
 
-    def split_calls(self) -> list[str]:
-        """The calls that did not arrive whole, name and arguments in one chunk: the
-        ``spark25`` parser sends each call the moment it is closed, so a client never
-        holds a call that could still be cut off."""
-        return [
-            call.name
-            for call in self._calls.values()
-            if set(call.argument_chunks) != {call.named_at}
-        ]
+    def argument_chunks(self) -> list[int]:
+        """How many chunks carried each call's arguments, in index order."""
+        return [len(self._calls[i].argument_chunks) for i in sorted(self._calls)]
