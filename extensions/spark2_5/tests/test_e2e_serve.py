@@ -124,12 +124,14 @@ def test_streamed_tool_call_arrives_as_written(client):
         finish_reason = chunk.choices[0].finish_reason or finish_reason
     assert finish_reason == "tool_calls"
     assert content == ""
-    # The id and name first, then the arguments as the model writes them.
+    # The id and name first, then the arguments as the model writes them (vLLM
+    # merges the deltas of tokens a slow client has not read yet: how many chunks
+    # carry them depends on timing).
     first, *rest = events
     assert first.index == 0 and first.id and first.function.name == "get_weather"
     assert all(event.index == 0 and not event.id and not event.function.name for event in rest)
     pieces = [first.function.arguments, *(event.function.arguments for event in rest)]
-    assert len(pieces) >= 4 and json.loads("".join(pieces)) == fixture.PARIS_CALL
+    assert json.loads("".join(pieces)) == fixture.PARIS_CALL
 
 
 def test_follow_up_after_tool_result(client):
@@ -227,8 +229,7 @@ def ask_weather(client, model, max_tokens, **kwargs):
 
 
 def chat_stream_helper(client, model, max_tokens):
-    """``chat.completions.stream()``: the chunks it folds; the arguments of the
-    whole reply's call come in several of them."""
+    """``chat.completions.stream()``: the chunks it folds."""
     streamed = StreamedAnswer()
     with client.chat.completions.stream(
         model=model,
@@ -240,8 +241,6 @@ def chat_stream_helper(client, model, max_tokens):
         for event in stream:
             if event.type == "chunk":
                 streamed.add(event.chunk)
-    if streamed.finish_reason != "length":  # the key, the value, its end, the brace
-        assert [chunks >= 3 for chunks in streamed.argument_chunks()] == [True], streamed
     return streamed.finish_reason, streamed.content, list(streamed.calls())
 
 
@@ -329,7 +328,7 @@ def test_responses_api_at_every_cut(client, model, cuts):
                 "response.function_call_arguments.done",
                 "response.output_item.done",
             )
-            assert len(deltas) >= 3 and set(deltas) == {"response.function_call_arguments.delta"}
+            assert set(deltas) == {"response.function_call_arguments.delta"}
         streamed_status, streamed_text, streamed_calls = responses_summary(final)
         assert streamed_status == status
         check_stream_agrees(streamed_text, streamed_calls, text, calls)

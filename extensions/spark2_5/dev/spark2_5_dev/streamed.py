@@ -16,7 +16,6 @@ def reasoning_of(message: Any) -> str | None:
 class _Call:
     name: str
     arguments: str = ""
-    argument_chunks: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -31,7 +30,7 @@ class StreamedAnswer:
     _calls: dict[int, _Call] = field(default_factory=dict)
 
     def add(self, chunk: Any) -> None:
-        number, self.chunks = self.chunks, self.chunks + 1
+        self.chunks += 1
         if not chunk.choices:
             return
         choice = chunk.choices[0]
@@ -44,14 +43,8 @@ class StreamedAnswer:
                     raise AssertionError(f"call {delta.index} began without id and name: {delta}")
                 self._calls[delta.index] = _Call(delta.function.name)
             if delta.function and delta.function.arguments:
-                call = self._calls[delta.index]
-                call.arguments += delta.function.arguments
-                call.argument_chunks.append(number)
+                self._calls[delta.index].arguments += delta.function.arguments
 
     def calls(self) -> tuple[tuple[str, str], ...]:
         """``(name, arguments)`` of each call, in index order."""
         return tuple((self._calls[i].name, self._calls[i].arguments) for i in sorted(self._calls))
-
-    def argument_chunks(self) -> list[int]:
-        """How many chunks carried each call's arguments, in index order."""
-        return [len(self._calls[i].argument_chunks) for i in sorted(self._calls)]
