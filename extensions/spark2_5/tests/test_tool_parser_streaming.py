@@ -227,9 +227,9 @@ def is_cut_short(streamed: Parsed, full: Parsed) -> bool:
 def test_special_token_deltas_through_vllms_serving_parser(tokenizer):
     """The serving layer's own ``Parser`` streams token by token (tags as single
     special tokens) and ends the stream with ``finished=True``: the held-back tail
-    and an unclosed call are released exactly as the non-streaming path reports.
-    vLLM 0.23 never tells the tool parser that the stream ended: there the held
-    tail is not sent, and nothing else is lost or changed."""
+    and an unclosed call are released as the non-streaming path reports them.
+    vLLM 0.23 never tells the tool parser that the stream ended: there a held-back
+    partial tag is not sent, and nothing else is lost or changed."""
     parser_cls = serving_parser_cls(tokenizer)
     ends_clean = (
         "Hi <tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"
@@ -243,8 +243,8 @@ def test_special_token_deltas_through_vllms_serving_parser(tokenizer):
         deltas = serving_parser_deltas(parser_cls(tokenizer), tokenizer, text, REQUEST)
         assert reasoning is None
         streamed = accumulate(deltas)
-        if flushes_stream_end() or text == ends_clean:
-            assert stream_agrees(streamed, full)
+        if flushes_stream_end() or not text.endswith("<tool_c"):
+            assert stream_agrees(streamed, full), (streamed, full)
         else:
             assert streamed != full and is_cut_short(streamed, full), (streamed, full)
 
