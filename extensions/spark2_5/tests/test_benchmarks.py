@@ -15,7 +15,13 @@ import pytest
 
 CARRIER = Path(__file__).resolve().parents[1]
 BENCHMARKS = CARRIER / "benchmarks"
-SCRIPTS = ("bench_model.py", "bench_carrier.py", "bench_serving.py", "bench_weight_updates.py")
+SCRIPTS = (
+    "bench_model.py",
+    "bench_carrier.py",
+    "bench_serving.py",
+    "bench_weight_updates.py",
+    "bench_streaming.py",
+)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -59,6 +65,16 @@ def test_serving_table_renders_the_seed_readme(benchmarks_on_path, capsys):
     ]
     assert ["Output token throughput", "13,510.08 tok/s", "13,510.08 tok/s", "1.00"] in rows
     assert ["TPOT", "11.58 ms", "13.39 ms", "14.13 ms", "11.58 ms"] in rows
+
+
+def test_streaming_replay_sees_spark25_stream_as_written(benchmarks_on_path):
+    from bench_streaming import run_parser
+
+    lags = run_parser("spark25", size=3_000, repeats=1, file_calls=0.5)["lags"]
+    assert lags["name"] and set(lags["name"]) == {0}, "the name arrives in the delta ending it"
+    assert set(lags["string value"]) == {0}, "a string value's first byte arrives as written"
+    assert lags["share"] and min(lags["share"]) == 1.0, "a file's content arrives before it closes"
+    assert max(lags["typed value"]) <= 2, "a typed value arrives once its text is complete"
 
 
 def test_4b_shape_is_a_valid_spark2_5_config(benchmarks_on_path, tmp_path):

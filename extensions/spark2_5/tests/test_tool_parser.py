@@ -25,6 +25,7 @@ from spark2_5_dev.tool_parsing import (
     register_spark25,
     serving_parser_cls,
     serving_parser_deltas,
+    stream_agrees,
     stream_tool_parser,
 )
 from vllm_spark2_5_plugin import compat
@@ -47,7 +48,9 @@ def request_with_tools():
 def parse(tokenizer, text, request):
     """Non-streaming result, checked against a 1-character stream of the same text."""
     result = non_streaming(Spark25ToolParser(tokenizer), text, request)
-    assert stream_tool_parser(Spark25ToolParser(tokenizer), list(text), request) == result
+    assert stream_agrees(
+        stream_tool_parser(Spark25ToolParser(tokenizer), list(text), request), result
+    )
     return result
 
 
@@ -216,7 +219,7 @@ def test_without_callable_tools_everything_is_content(tokenizer, request_fields)
     assert parse(tokenizer, text, request) == Parsed(text, [])
 
 
-# --- malformed markup never raises and loses nothing -------------------------------------
+# --- malformed markup: content outside calls; inside a call only pairs count -----------
 
 
 @pytest.mark.parametrize(
@@ -251,19 +254,17 @@ def test_without_callable_tools_everything_is_content(tokenizer, request_fields)
         ),
         (
             "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</tool_call>after",
-            Parsed("<arg_key>city</arg_key><arg_value>Parisafter", [("get_weather", "{}")]),
+            Parsed("after", [("get_weather", '{"city":"Paris"}')]),
         ),
         (
             "<tool_call>get_weather<arg_key>city</arg_key>oops<arg_value>Paris</arg_value>"
             "</tool_call>",
-            Parsed(
-                "<arg_key>city</arg_key>oops<arg_value>Paris</arg_value>", [("get_weather", "{}")]
-            ),
+            Parsed(None, [("get_weather", "{}")]),
         ),
         (
             "<tool_call>get_weather stray<arg_key>city</arg_key><arg_value>Paris</arg_value>"
             "</tool_call>",
-            Parsed(" stray", [("get_weather", '{"city":"Paris"}')]),
+            Parsed(None, [("get_weather", '{"city":"Paris"}')]),
         ),
         (
             "<tool_call>get weather<arg_key>city</arg_key></tool_call>",
@@ -273,15 +274,11 @@ def test_without_callable_tools_everything_is_content(tokenizer, request_fields)
             "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
             "note<arg_value>x</arg_value><arg_key>city</arg_key><arg_value>Rome</arg_value>"
             "<arg_key> </arg_key><arg_value>y</arg_value></tool_call>",
-            Parsed(
-                "note<arg_value>x</arg_value><arg_key>city</arg_key><arg_value>Rome</arg_value>"
-                "<arg_key> </arg_key><arg_value>y</arg_value>",
-                [("get_weather", '{"city":"Paris"}')],
-            ),
+            Parsed(None, [("get_weather", '{"city":"Paris"}')]),
         ),
         (
             "<tool_call>get_weather<arg_key>ci<tool_call>get_weather</tool_call>",
-            Parsed("<arg_key>ci", [("get_weather", "{}"), ("get_weather", "{}")]),
+            Parsed(None, [("get_weather", "{}"), ("get_weather", "{}")]),
         ),
         (
             "<tool_call>get_weather<tool_call>get_weather</tool_call></tool_call></arg_value>",
@@ -301,7 +298,7 @@ def test_without_callable_tools_everything_is_content(tokenizer, request_fields)
         "unterminated-value",
         "unclosed-call",
         "unclosed-call-with-stray-text",
-        "value-cut-by-call-end",
+        "value-ended-by-call-end",
         "text-between-key-and-value",
         "text-after-name",
         "space-in-name",
@@ -311,7 +308,9 @@ def test_without_callable_tools_everything_is_content(tokenizer, request_fields)
         "orphan-tags",
     ],
 )
-def test_malformed_markup_comes_back_as_content(tokenizer, request_with_tools, text, expected):
+def test_malformed_markup_is_content_outside_calls_and_dropped_inside(
+    tokenizer, request_with_tools, text, expected
+):
     assert parse(tokenizer, text, request_with_tools) == expected
 
 

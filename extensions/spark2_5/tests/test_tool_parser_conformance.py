@@ -14,9 +14,10 @@ served four ways on vLLM's serving-layer ``Parser`` around ``spark25``:
 * Responses, streamed: vLLM's ``_process_simple_streaming_events`` itself (the
   ``SimpleStreamingEventProcessor`` loop), fed token by token.
 
-Asserted: no consumer raises; stream and non-stream agree in both APIs; every
-call any cut returns is one of the complete output's calls, whole (a cut call
-is never presented as a call)."""
+Asserted: no consumer raises; stream and non-stream agree in both APIs (a call
+the cut falls inside is, streamed, that call as far as written, and not streamed
+its text as content); every call any cut returns is one of the complete output's
+calls, whole or, streamed and last, cut short."""
 
 from __future__ import annotations
 
@@ -32,7 +33,13 @@ from spark2_5_dev.host_features import (
     ends_incomplete_responses_with_their_own_event,
     streams_responses_through_parser,
 )
-from spark2_5_dev.tool_parsing import WEATHER_TOOL, chat_request, serving_parser_cls
+from spark2_5_dev.tool_parsing import (
+    WEATHER_TOOL,
+    Parsed,
+    chat_request,
+    serving_parser_cls,
+    stream_agrees,
+)
 from vllm_spark2_5_plugin.spark2_5_tool_parser import DeltaMessage
 
 pytestmark = pytest.mark.slow
@@ -130,8 +137,17 @@ def chat_streamed(parser, deltas: list[tuple[str, int]], request) -> tuple:
         choice = ChatCompletionResponseStreamChoice(
             index=0, delta=message, finish_reason="length" if last else None
         )
-        chunk = ChatCompletionStreamResponse(model="tiny", choices=[choice])
-        state.handle_chunk(ChatCompletionChunk.model_validate_json(chunk.model_dump_json()))
+        # Built and sent as vLLM's server does (unset fields left out).
+        chunk = ChatCompletionStreamResponse(
+            id="chatcmpl-1",
+            object="chat.completion.chunk",
+            created=0,
+            model="tiny",
+            choices=[choice],
+        )
+        state.handle_chunk(
+            ChatCompletionChunk.model_validate_json(chunk.model_dump_json(exclude_unset=True))
+        )
     if not deltas:
         return None, None, []
     # The snapshot: the final completion refuses to exist for a "length" finish.
@@ -232,17 +248,25 @@ def test_every_cut_of_every_output_folds_alike_streamed_or_not(tokenizer, api, r
             text = "".join(piece for piece, _ in cut_deltas)
             expected = non_streamed(parser_cls(tokenizer, request.tools), text, request)
             got = streamed(parser_cls(tokenizer, request.tools), cut_deltas, request)
-            assert got == expected, (api, output, cut)
+            assert got[0] == expected[0], (api, output, cut)
+            assert stream_agrees(Parsed(*got[1:]), Parsed(*expected[1:])), (api, output, cut)
             calls = expected[2]
-            # A cut never yields a call the whole output does not make, or part of one.
+            # A cut never yields a call the whole output does not make, or part of
+            # one but the streamed call it falls inside.
             assert calls == whole_calls[: len(calls)], (output, cut, calls)
             for _, arguments in calls:
                 assert isinstance(json.loads(arguments), dict)
+            if len(got[2]) > len(calls):
+                name, arguments = got[2][-1]
+                assert (name, True) == (
+                    whole_calls[len(calls)][0],
+                    whole_calls[len(calls)][1].startswith(arguments),
+                ), (output, cut, got)
 
 
-def test_stray_markup_in_a_call_comes_before_the_call_in_both_responses(tokenizer):
-    """The markup arrives with its call; the Responses stream shows it as a message
-    item before the call's item, the order of the non-streamed response."""
+def test_stray_markup_in_a_call_is_dropped_in_both_responses(tokenizer):
+    """Text inside a call that forms no pair is in neither Responses output: a call
+    item carries no text, and a stream cannot put it before a call already sent."""
     parser_cls = serving_parser_cls(tokenizer)
     request = requests()["responses"]
     output = call("get_weather", [("city", "Paris")], stray=" note ")
@@ -250,9 +274,9 @@ def test_stray_markup_in_a_call_comes_before_the_call_in_both_responses(tokenize
     streamed = responses_streamed_items(parser_cls(tokenizer, request.tools), deltas, request)
     whole = responses_items(parser_cls(tokenizer, request.tools), output, request)
     for items, status in ((streamed, CUT_STREAM_LAST_ITEM_STATUS), (whole, "completed")):
-        assert [item.type for item in items] == ["message", "function_call"]
+        assert [item.type for item in items] == ["function_call"]
         assert responses_summary(items, status) == (
             None,
-            " note ",
+            None,
             [("get_weather", '{"city":"Paris"}')],
         )

@@ -20,6 +20,7 @@ from spark2_5_dev.tool_parsing import (
     chat_request,
     non_streaming,
     serving_parser_cls,
+    stream_agrees,
     stream_tool_parser,
 )
 from spark2_5_dev.tools import function_tool
@@ -36,7 +37,9 @@ from vllm_spark2_5_plugin.spark2_5_tool_parser import (
 def parse(tokenizer, text: str, tools: list[dict[str, Any]]) -> Parsed:
     request = chat_request(tools=tools)
     result = non_streaming(Spark25ToolParser(tokenizer), text, request)
-    assert stream_tool_parser(Spark25ToolParser(tokenizer), list(text), request) == result
+    assert stream_agrees(
+        stream_tool_parser(Spark25ToolParser(tokenizer), list(text), request), result
+    )
     return result
 
 

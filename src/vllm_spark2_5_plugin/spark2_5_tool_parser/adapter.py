@@ -3,11 +3,12 @@
 
 One scanner serves both entry points. ``extract_tool_calls`` feeds it the whole
 output and finishes it; streaming feeds it each delta and vLLM finishes it
-through ``finish_streaming``. Both therefore report the same content and calls
-however the output was split. A streamed call arrives in one delta (id, name
-and whole arguments) when it closes, so both of vLLM's streaming consumers
-(Chat Completions' chunks and the Responses API's events) receive every call
-complete, and a call cut off by ``max_tokens`` is never announced.
+through ``finish_streaming``. A streamed call is announced (id and name) once its
+name is complete and its arguments follow as the model writes them, so the
+pieces of every closed call join to the non-streamed arguments. A call the
+output ends inside stays, streamed, as far as written (the finish reason says
+the output was cut); not streamed, its text is content, because vLLM reports
+``tool_calls`` as the finish reason of any response with a call.
 
 The adapter is where vLLM's request types meet the parser: it resolves a request's
 tools once to ``(name, parameters)`` pairs and hands the scanner and the checks
@@ -17,12 +18,13 @@ that plain data.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm_spark2_5_plugin import compat
 from vllm_spark2_5_plugin.spark2_5_tool_parser import schema
-from vllm_spark2_5_plugin.spark2_5_tool_parser.scanner import Scanner
+from vllm_spark2_5_plugin.spark2_5_tool_parser.scanner import CallPiece, Scanner
 
 ToolParser = compat.tool_parser_base()
 _protocol = compat.tool_call_protocol()
@@ -33,6 +35,7 @@ ExtractedToolCallInformation = _protocol.ExtractedToolCallInformation
 FunctionCall = _protocol.FunctionCall
 ToolCall = _protocol.ToolCall
 make_tool_call_id = compat.tool_call_id_factory()
+logger = logging.getLogger("vllm.spark2_5_plugin")
 
 # GLM-4.7's structural tag writes <tool_call>NAME<arg_key>K</arg_key><arg_value>V
 # </arg_value></tool_call> with string values raw and other values as JSON: byte
@@ -127,7 +130,6 @@ class Spark25ToolParser(ToolParser):
         # Calls are checked against each request's tools, whatever the base keeps.
         super().__init__(tokenizer, tools)
         self._stream: Scanner | None = None
-        self._calls_streamed = 0
 
     def adjust_request(self, request: Any) -> Any:
         # Before the base: on vLLM 0.23 it moves a forced request's "$defs" out of
@@ -171,15 +173,15 @@ class Spark25ToolParser(ToolParser):
     def extract_tool_calls(self, model_output: str, request: Any) -> Any:
         scanner = Scanner(_callable_tools(request))
         scanner.feed(model_output)
-        scanner.finish()
+        scanner.finish(cut_call_is_content=True)
+        _report_dropped(scanner)
         tool_calls = [
             ToolCall(id=make_tool_call_id(), function=FunctionCall(name=name, arguments=arguments))
             for name, arguments in scanner.calls
         ]
+        content = "".join(piece for piece in scanner.output if isinstance(piece, str))
         return ExtractedToolCallInformation(
-            tools_called=bool(tool_calls),
-            tool_calls=tool_calls,
-            content="".join(scanner.content) or None,
+            tools_called=bool(tool_calls), tool_calls=tool_calls, content=content or None
         )
 
     def extract_tool_calls_streaming(
@@ -194,37 +196,69 @@ class Spark25ToolParser(ToolParser):
     ) -> Any:
         if self._stream is None:
             self._stream = Scanner(_callable_tools(request))
-        if not delta_text:
-            return None
-        self._stream.feed(delta_text)
-        return self._drain()
+        if delta_text:
+            self._stream.feed(delta_text)
+        return self._drain(everything=False)
 
     def finish_streaming(self) -> Any:
-        """Release what the stream still holds: a partial tag, an unclosed call."""
+        """Release what the stream still holds: a partial tag, content held back."""
         if self._stream is None:
             return None
-        self._stream.finish()
-        return self._drain()
+        self._stream.finish(cut_call_is_content=False)
+        _report_dropped(self._stream)
+        return self._drain(everything=True)
 
-    def _drain(self) -> Any:
-        """What the scanner reported since the last delta, as one ``DeltaMessage``:
-        content, and each closed call whole (id, name and arguments)."""
-        scanner = self._stream
-        content = "".join(scanner.content)
-        scanner.content.clear()
-        tool_calls = []
-        for name, arguments in scanner.calls:
-            function = DeltaFunctionCall(name=name, arguments=arguments)
-            tool_calls.append(
-                DeltaToolCall(
-                    index=self._calls_streamed,
-                    id=make_tool_call_id(),
-                    type="function",
-                    function=function,
-                )
+    def _drain(self, everything: bool) -> Any:
+        """What the scanner reported since the last delta, as one ``DeltaMessage``.
+
+        A message carries its content before its calls (vLLM's Responses stream
+        emits it in that order, closing an open call at content), so content the
+        model wrote after a call's piece waits for the next delta, unless
+        ``everything`` must go now."""
+        output = self._stream.output
+        taken = len(output)
+        if not everything:
+            taken = next(
+                (
+                    position
+                    for position in range(1, len(output))
+                    if isinstance(output[position], str)
+                    and isinstance(output[position - 1], CallPiece)
+                ),
+                taken,
             )
-            self._calls_streamed += 1
-        scanner.calls.clear()
+        pieces, output[:taken] = output[:taken], []
+        content = "".join(piece for piece in pieces if isinstance(piece, str))
+        tool_calls = _delta_tool_calls([piece for piece in pieces if isinstance(piece, CallPiece)])
         if not content and not tool_calls:
             return None
         return DeltaMessage(content=content or None, tool_calls=tool_calls)
+
+
+def _delta_tool_calls(pieces: Sequence[CallPiece]) -> list[Any]:
+    """One ``DeltaToolCall`` per run of a call's pieces; a call's first carries its
+    id and name."""
+    tool_calls: list[Any] = []
+    for piece in pieces:
+        if tool_calls and tool_calls[-1].index == piece.index and piece.name is None:
+            tool_calls[-1].function.arguments += piece.arguments
+        elif piece.name is not None:
+            function = DeltaFunctionCall(name=piece.name, arguments=piece.arguments)
+            tool_calls.append(
+                DeltaToolCall(
+                    index=piece.index, id=make_tool_call_id(), type="function", function=function
+                )
+            )
+        else:
+            function = DeltaFunctionCall(arguments=piece.arguments)
+            tool_calls.append(DeltaToolCall(index=piece.index, function=function))
+    return tool_calls
+
+
+def _report_dropped(scanner: Scanner) -> None:
+    if scanner.dropped:
+        logger.warning(
+            "spark25: dropped %d characters the model wrote inside tool calls that form "
+            "no key/value pair (stray text, a repeated or empty key)",
+            scanner.dropped,
+        )

@@ -6,19 +6,27 @@ Spark2_5 writes a call as::
     <tool_call>NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...</tool_call>
 
 The reader is fed the output in pieces of any size and reports, as it goes,
-the content and each call the moment the call is closed (``</tool_call>`` or
-the next ``<tool_call>``). A call still open when the output ends is no call:
-its text, verbatim, is content. Until a call closes, nothing of it is reported,
-so what a consumer receives never has to be taken back or completed.
+the content and each call as the model writes it: the name once it is complete,
+then its arguments' JSON in pieces (a string value as its text arrives, any
+other value when ``</arg_value>`` ends it), the closing brace at ``</tool_call>``
+(or the next ``<tool_call>``). Nothing reported is ever taken back, so a call's
+pieces joined are its arguments. Text inside a call that forms no key/value pair
+is dropped: a call carries no text, and a streamed call cannot be interrupted.
+Whether a call the output ends inside is a call is the owner's choice
+(``finish``): as far as written, or its text verbatim as content.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
-from vllm_spark2_5_plugin.spark2_5_tool_parser.values import compact_json, value_json
+from vllm_spark2_5_plugin.spark2_5_tool_parser.values import (
+    compact_json,
+    schema_types,
+    value_json,
+)
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
@@ -40,19 +48,28 @@ WHITESPACE = re.compile(r"\s")
 _IN_CALL = frozenset(("body", "key", "gap", "value"))
 
 
+class CallPiece(NamedTuple):
+    """A piece of a call's arguments; a call's first piece names it."""
+
+    index: int  # the call's place among the output's calls
+    name: str | None
+    arguments: str
+
+
 class Scanner:
     """Incremental reader of Spark2_5 output.
 
     ``schemas`` maps each function tool the request lets the model call to its
-    parameter schema. ``feed`` text in pieces, then ``finish``. Output accumulates in ``content``
-    (text pieces) and ``calls`` (``(name, arguments)`` of each closed call); the
-    owner drains both. Markup inside a call that forms no key/value pair is
-    content, reported together with its call when the call closes.
+    parameter schema. ``feed`` text in pieces, then ``finish``. ``output`` gathers,
+    in the model's order, content (``str``) and ``CallPiece``s; ``calls`` gathers
+    ``(name, arguments)`` of each closed call; the owner drains both. ``dropped``
+    counts the characters inside calls that formed no key/value pair.
     """
 
     def __init__(self, schemas: Mapping[str, Any]) -> None:
-        self.content: list[str] = []
+        self.output: list[str | CallPiece] = []
         self.calls: list[tuple[str, str]] = []
+        self.dropped = 0
         self._schemas = schemas
         # The longest name that may be a call. Streaming must give up on a name at
         # some length; refusing longer names everywhere makes both paths agree.
@@ -63,28 +80,31 @@ class Scanner:
         # pair's tags, key, whitespace and value, or whitespace between a call's tags.
         self._pieces: list[str] = []
         # The open block's text as the model wrote it: the content of a call that
-        # is never closed.
+        # is never closed, when the owner wants it so.
         self._block: list[str] = []
         # Inside a call, text between two tags is dropped when it is whitespace only
-        # and otherwise returned as content; True once this run has shown it is not.
+        # or forms no pair; True once this run has shown it forms none.
         self._stray_run = False
         self._identifier_chars = 0
         self._key = ""
         self._value_start = 0
+        self._calls_opened = 0
         self._name = ""
         self._root: Any = None
         self._properties: dict[str, Any] = {}
-        self._pairs: dict[str, str] = {}  # the open call's key -> value JSON
-        # Where content goes: ``content``, or while a call is open, the call's own
-        # list, reported when it closes.
-        self._out = self.content
-        self._call_content: list[str] = []
+        self._keys: set[str] = set()  # the open call's keys, the first value kept
+        self._pairs_written = 0
+        self._arguments: list[str] = []  # the open call's pieces
+        # The value being read belongs to a pair of the call; its text streams as
+        # it arrives (a string value).
+        self._value_kept = False
+        self._value_streams = False
 
     # -- input ---------------------------------------------------------------
 
     def feed(self, text: str) -> None:
         if self._state == "content" and not self._held and "<" not in text:
-            self.content.append(text)  # the common case, kept cheap: plain text
+            self.output.append(text)  # the common case, kept cheap: plain text
             return
         if self._held:
             text = self._held + text
@@ -106,17 +126,19 @@ class Scanner:
         if start < len(text):
             self._read(self._text, text[start:])
 
-    def finish(self) -> None:
+    def finish(self, cut_call_is_content: bool) -> None:
+        """The output ended. A call still open is left as far as written, or with
+        ``cut_call_is_content`` dropped from ``calls``' view and given back as content."""
         held, self._held = self._held, ""
-        if held:
+        if held and (cut_call_is_content or self._state not in _IN_CALL):
+            # Left as far as written, a call does not take the start of a tag that
+            # may have been its value's end.
             self._read(self._text, held)
         if self._state == "name":
             self._reject_block()
         elif self._state in _IN_CALL:
-            # Cut off (max_tokens, a stop string, EOS): the call may lack pairs or the
-            # end of a value, so it is not presented as a call; its text is content.
-            self._out = self.content
-            self.content.append("".join(self._block))
+            if cut_call_is_content:
+                self.output.append("".join(self._block))
             self._block = []
             self._state = "content"
 
@@ -131,12 +153,12 @@ class Scanner:
     def _text(self, text: str) -> None:
         state = self._state
         if state == "content":
-            self.content.append(text)
+            self.output.append(text)
         elif state == "value":
-            self._pieces.append(text)
+            self._value_text(text)
         elif state == "body":
             if self._stray_run:
-                self._out.append(text)
+                self.dropped += len(text)
             elif text.isspace():
                 self._pieces.append(text)
             else:
@@ -153,6 +175,11 @@ class Scanner:
             self._identifier_chars += len(text)
             if self._identifier_chars > MAX_IDENTIFIER_CHARS:
                 self._abandon_pair(stray_run=True)
+
+    def _value_text(self, text: str) -> None:
+        self._pieces.append(text)
+        if self._value_streams:
+            self._write(compact_json(text)[1:-1])
 
     def _name_text(self, text: str) -> None:
         """A name ends at whitespace (names have none) or at the next tag."""
@@ -178,7 +205,7 @@ class Scanner:
                 self._begin("name", tag)
                 self._block = []
             else:
-                self.content.append(tag)
+                self.output.append(tag)
         elif state == "name":
             name = "".join(self._pieces[1:]).strip()
             if tag in (ARG_KEY_START, TOOL_CALL_END) and self._open_call(name):
@@ -196,19 +223,20 @@ class Scanner:
                 if tag == TOOL_CALL_START:
                     self._tag(tag)
             else:
-                self._out.append(tag)
+                self.dropped += len(tag)
         elif state == "key" and tag == ARG_KEY_END:
             self._key = "".join(self._pieces[1:]).strip()
             self._pieces.append(tag)
             self._state = "gap"
         elif state == "gap" and tag == ARG_VALUE_START:
-            self._pieces.append(tag)
-            self._value_start = len(self._pieces)
-            self._state = "value"
-        elif state == "value" and tag == ARG_VALUE_END:
+            self._begin_value(tag)
+        elif state == "value" and tag in (ARG_VALUE_END, TOOL_CALL_END):
+            # A value the model leaves open ends with its call.
             self._end_pair(tag)
-        elif state == "value" and tag != TOOL_CALL_END:
-            self._pieces.append(tag)  # values may contain other tags' text
+            if tag == TOOL_CALL_END:
+                self._tag(tag)
+        elif state == "value":
+            self._value_text(tag)  # values may contain other tags' text
         else:
             self._abandon_pair(stray_run=False)
             self._tag(tag)
@@ -222,7 +250,7 @@ class Scanner:
 
     def _reject_block(self) -> None:
         """The block after ``<tool_call>`` is no call: give its text back as content."""
-        self.content.append("".join(self._pieces))
+        self.output.append("".join(self._pieces))
         self._pieces = []
         self._state = "content"
 
@@ -234,38 +262,67 @@ class Scanner:
         self._root = self._schemas[name]
         properties = self._root.get("properties") if isinstance(self._root, dict) else None
         self._properties = properties if isinstance(properties, dict) else {}
-        self._pairs = {}
-        self._call_content = []
-        self._out = self._call_content
+        self._keys = set()
+        self._pairs_written = 0
+        self._arguments = []
+        self.output.append(CallPiece(self._calls_opened, name, ""))
+        self._calls_opened += 1
         self._pieces = []
         self._stray_run = False
         self._state = "body"
         return True
 
-    def _end_pair(self, tag: str) -> None:
+    def _write(self, arguments: str) -> None:
+        """Report a piece of the open call's arguments."""
+        self._arguments.append(arguments)
+        self.output.append(CallPiece(self._calls_opened - 1, None, arguments))
+
+    def _key_prefix(self) -> str:
+        """``{"key":`` or ``,"key":``: the start of the next pair's JSON."""
+        self._pairs_written += 1
+        return ("{" if self._pairs_written == 1 else ",") + compact_json(self._key) + ":"
+
+    def _begin_value(self, tag: str) -> None:
+        """A value starts: it belongs to the call unless its key is empty or repeated
+        (the first value stays); a string value's JSON streams from here."""
+        self._pieces.append(tag)
+        self._value_start = len(self._pieces)
+        self._state = "value"
         key = self._key
-        if not key or key in self._pairs:
-            self._pieces.append(tag)
+        self._value_kept = bool(key) and key not in self._keys
+        self._value_streams = False
+        if self._value_kept:
+            self._keys.add(key)
+            self._value_streams = schema_types(self._properties.get(key), self._root) <= {"string"}
+            if self._value_streams:
+                self._write(self._key_prefix() + '"')
+
+    def _end_pair(self, tag: str) -> None:
+        if not self._value_kept:
+            if tag == ARG_VALUE_END:  # a </tool_call> here still closes the call
+                self._pieces.append(tag)
             self._abandon_pair(stray_run=False)
             return
-        raw = "".join(self._pieces[self._value_start :])
-        self._pairs[key] = value_json(raw, self._properties.get(key), self._root)
+        if self._value_streams:
+            self._write('"')
+        else:
+            raw = "".join(self._pieces[self._value_start :])
+            schema = self._properties.get(self._key)
+            self._write(self._key_prefix() + value_json(raw, schema, self._root))
         self._pieces = []
         self._state = "body"
 
     def _abandon_pair(self, stray_run: bool) -> None:
-        """What is being read inside a call is no pair: its text is content and the
+        """What is being read inside a call is no pair: its text is dropped and the
         call goes on. ``stray_run``: text (not a tag) ended it, so the rest of the
-        text up to the next tag is content too."""
-        self._out.append("".join(self._pieces))
+        text up to the next tag is dropped too."""
+        self.dropped += sum(map(len, self._pieces))
         self._pieces = []
         self._stray_run = stray_run
         self._state = "body"
 
     def _close_call(self) -> None:
-        pairs = ",".join(compact_json(key) + ":" + value for key, value in self._pairs.items())
-        self.calls.append((self._name, "{" + pairs + "}"))
-        self.content.extend(self._call_content)
-        self._out = self.content
+        self._write("}" if self._pairs_written else "{}")
+        self.calls.append((self._name, "".join(self._arguments)))
         self._block = []
         self._state = "content"

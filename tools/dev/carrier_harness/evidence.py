@@ -127,16 +127,47 @@ def report(plan: EvidencePlan, env: dict[str, Any], records: dict[str, dict[str,
         record = records[name]
         ran = verdict(record["exit_code"] == 0)
         lines.append(f"| performance, quick run | {ran}: `{record.get('command')}` | `{name}` |")
-    full_runs = sorted(p.name for p in plan.folder.glob("perf-*.json"))
     lines += [
         "",
-        "Full benchmark runs kept here, with their figures explained in the carrier's "
-        "`docs/benchmarks.md`: " + (", ".join(f"`{n}`" for n in full_runs) or "none") + ".",
+        _full_runs_line(plan.folder),
         "",
         "Check the archive with `sha256sum -c SHA256SUMS` in this folder.",
         "",
     ]
     return "\n".join(lines)
+
+
+FULL_RUNS = "Full benchmark runs kept here"
+
+
+def _full_runs_line(folder: Path) -> str:
+    full_runs = sorted(p.name for p in folder.glob("perf-*.json"))
+    return (
+        f"{FULL_RUNS}, with their figures explained in the carrier's `docs/benchmarks.md`: "
+        + (", ".join(f"`{n}`" for n in full_runs) or "none")
+        + "."
+    )
+
+
+def _write_sums(folder: Path) -> None:
+    sums = [
+        f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}"
+        for path in sorted(folder.iterdir())
+        if path.name != "SHA256SUMS"
+    ]
+    (folder / "SHA256SUMS").write_text("\n".join(sums) + "\n", encoding="utf-8")
+
+
+def rehash(plan: EvidencePlan) -> int:
+    """After a full benchmark run was added or redone: list the full runs in the report
+    and rewrite SHA256SUMS, leaving every other record as it was produced."""
+    report_path = plan.folder / "README.md"
+    lines = report_path.read_text(encoding="utf-8").split("\n")
+    lines = [_full_runs_line(plan.folder) if ln.startswith(FULL_RUNS) else ln for ln in lines]
+    report_path.write_text("\n".join(lines), encoding="utf-8")
+    _write_sums(plan.folder)
+    print(f"{plan.folder.relative_to(PROJECT_ROOT)}: full runs listed, SHA256SUMS rewritten")
+    return 0
 
 
 def _failed(record: dict[str, Any]) -> bool:
@@ -175,12 +206,7 @@ def archive(plan: EvidencePlan) -> int:
         text = json.dumps(record, indent=2, ensure_ascii=False) + "\n"
         (plan.folder / name).write_text(text, encoding="utf-8")
     (plan.folder / "README.md").write_text(report(plan, env, records), encoding="utf-8")
-    sums = [
-        f"{hashlib.sha256(path.read_bytes()).hexdigest()}  {path.name}"
-        for path in sorted(plan.folder.iterdir())
-        if path.name != "SHA256SUMS"
-    ]
-    (plan.folder / "SHA256SUMS").write_text("\n".join(sums) + "\n", encoding="utf-8")
+    _write_sums(plan.folder)
     failed = [name for name, record in records.items() if _failed(record)]
     print(
         f"evidence written to {plan.folder.relative_to(PROJECT_ROOT)}; failing parts: "
@@ -197,9 +223,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0]
     )
     parser.add_argument("carrier", help="the carrier's folder under extensions/, e.g. spark2_5")
+    parser.add_argument(
+        "--rehash",
+        action="store_true",
+        help="run nothing: list the full benchmark runs (perf-*.json) and rewrite SHA256SUMS",
+    )
     args = parser.parse_args(argv)
     plan = importlib.import_module(f"{args.carrier}_dev.evidence").PLAN
-    return archive(plan)
+    return rehash(plan) if args.rehash else archive(plan)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,19 @@ def ends_incomplete_responses_with_their_own_event() -> bool:
     return _module_has("vllm.entrypoints.openai.responses.protocol", "ResponseIncompleteEvent")
 
 
+def final_response_is_the_streamed_items() -> bool:
+    """Whether a streamed Responses request's final response holds the items its
+    events sent (vLLM 0.32 and later) instead of the whole output parsed afresh,
+    where a call the output cut is an item in the events and text in the final
+    response. Read off ``SimpleContext.__init__``: no public name marks it."""
+    try:
+        context = importlib.import_module("vllm.entrypoints.openai.responses.context")
+    except ImportError:
+        return False
+    init = getattr(getattr(context, "SimpleContext", None), "__init__", None)
+    return "streamed_output_items" in getattr(getattr(init, "__code__", None), "co_names", ())
+
+
 def cpu_lora_ops_skip_requests_without_an_adapter() -> bool:
     """Whether vLLM's CPU (torch) LoRA ops leave the rows of requests without an
     adapter (index -1) alone (vLLM 0.33); before, -1 indexed the last slot, so with

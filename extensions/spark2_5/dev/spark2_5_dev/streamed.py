@@ -15,9 +15,7 @@ def reasoning_of(message: Any) -> str | None:
 @dataclass
 class _Call:
     name: str
-    named_at: int
     arguments: str = ""
-    argument_chunks: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -32,7 +30,7 @@ class StreamedAnswer:
     _calls: dict[int, _Call] = field(default_factory=dict)
 
     def add(self, chunk: Any) -> None:
-        number, self.chunks = self.chunks, self.chunks + 1
+        self.chunks += 1
         if not chunk.choices:
             return
         choice = chunk.choices[0]
@@ -43,22 +41,10 @@ class StreamedAnswer:
             if delta.index not in self._calls:
                 if not (delta.id and delta.function and delta.function.name):
                     raise AssertionError(f"call {delta.index} began without id and name: {delta}")
-                self._calls[delta.index] = _Call(delta.function.name, number)
+                self._calls[delta.index] = _Call(delta.function.name)
             if delta.function and delta.function.arguments:
-                call = self._calls[delta.index]
-                call.arguments += delta.function.arguments
-                call.argument_chunks.append(number)
+                self._calls[delta.index].arguments += delta.function.arguments
 
     def calls(self) -> tuple[tuple[str, str], ...]:
         """``(name, arguments)`` of each call, in index order."""
         return tuple((self._calls[i].name, self._calls[i].arguments) for i in sorted(self._calls))
-
-    def split_calls(self) -> list[str]:
-        """The calls that did not arrive whole, name and arguments in one chunk: the
-        ``spark25`` parser sends each call the moment it is closed, so a client never
-        holds a call that could still be cut off."""
-        return [
-            call.name
-            for call in self._calls.values()
-            if set(call.argument_chunks) != {call.named_at}
-        ]

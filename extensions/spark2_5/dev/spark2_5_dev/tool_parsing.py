@@ -117,6 +117,34 @@ def non_streaming(parser: Any, text: str, request: Any) -> Parsed:
     return Parsed(result.content, calls)
 
 
+def stream_agrees(streamed: Parsed, whole: Parsed) -> bool:
+    """Whether a stream of an output agrees with its non-streamed result: the same
+    content and calls, except for a call the output ends inside, which streamed is
+    a call as far as written (never JSON: its brace closes with the call) and not
+    streamed is its text, verbatim, at the end of the content."""
+    if streamed == whole:
+        return True
+    if streamed.calls[:-1] != whole.calls or len(streamed.calls) != len(whole.calls) + 1:
+        return False
+    name, arguments = streamed.calls[-1]
+    shown, content = streamed.content or "", whole.content or ""
+    block = content[len(shown) :]
+    return (
+        content.startswith(shown)
+        and block.startswith("<tool_call>")
+        and name in block
+        and not is_json(arguments)
+    )
+
+
+def is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 def accumulate(deltas: Iterable[Any]) -> Parsed:
     """Fold streamed ``DeltaMessage``s the way an OpenAI client does, checking the
     stream's shape on the way: each call starts with its id and name."""
