@@ -3,9 +3,8 @@
     python tools/matrix_record.py JUNIT_XML OUT_JSON key=value ...
 
 Reads pytest's JUnit XML and writes a JSON record: the keys given (release,
-kernels, suite, torch, python, minutes, exit_code, commit, ...), the commit
-(when not given, the one checked out now, ``+dirty`` when the work tree has
-changes), the date, the machine's CPU,
+kernels, suite, torch, python, minutes, exit_code, commit, code, ...), the commit
+and code identity when not given (``commit()``, ``code()``), the date, the machine's CPU,
 the test counts and the id of every test that failed or errored. The support
 matrix is rendered from these records (``spark2_5_dev.support_matrix``).
 """
@@ -13,6 +12,8 @@ matrix is rendered from these records (``spark2_5_dev.support_matrix``).
 from __future__ import annotations
 
 import datetime
+import fnmatch
+import hashlib
 import json
 import subprocess
 import sys
@@ -38,15 +39,32 @@ def outcomes(junit: Path) -> tuple[dict[str, int], list[str]]:
     return counts, failures
 
 
+# The records and the table rendered from them: a run of several releases writes
+# records as it goes, and those cannot change how the next release's suite ends.
+RECORD_PATHS = ("extensions/*/matrix-records/**", "extensions/*/docs/support-matrix.md")
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout
+
+
 def commit() -> str:
-    """The commit checked out; run-matrix reads it before the suite starts."""
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
-    ).stdout.strip()
-    return head + ("+dirty" if dirty else "")
+    """The commit checked out, ``+dirty`` when a file other than the records differs
+    from it; run-matrix reads it before each release's suite starts."""
+    excluded = [f":(exclude,glob){path}" for path in RECORD_PATHS]
+    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".", *excluded)
+    return _git("rev-parse", "--short", "HEAD").strip() + ("+dirty" if dirty.strip() else "")
+
+
+def code() -> str:
+    """An identity of what the suite ran: the committed tree without the records, so
+    runs at commits that differ only in records share it."""
+    kept = [
+        line
+        for line in _git("ls-tree", "-r", "HEAD").splitlines()
+        if not any(fnmatch.fnmatch(line.split("\t", 1)[1], path) for path in RECORD_PATHS)
+    ]
+    return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:12]
 
 
 def cpu_model() -> str:
@@ -64,6 +82,7 @@ def main(argv: list[str]) -> int:
         exit_code=int(record.get("exit_code", 1)),
         minutes=int(record.get("minutes", 0)),
         commit=record.get("commit") or commit(),
+        code=record.get("code") or code(),
         date=datetime.date.today().isoformat(),
         cpu=cpu_model(),
         counts=counts,
