@@ -25,6 +25,7 @@ model wrote.
 
 from __future__ import annotations
 
+import bisect
 import io
 import json
 import re
@@ -103,13 +104,9 @@ def first_byte_offset(arguments: str, key: str) -> int:
     return start + (arguments[start] == '"')
 
 
-def delta_of(offsets: list[int], char: int) -> int:
-    """The delta that carries character ``char`` (``offsets``: each delta's end)."""
-    low, high = 0, len(offsets) - 1
-    while low < high:
-        middle = (low + high) // 2
-        low, high = (middle + 1, high) if offsets[middle] <= char else (low, middle)
-    return low
+def delta_of(ends: list[int], char: int) -> int:
+    """The delta that carries character ``char`` (``ends``: each delta's end offset)."""
+    return bisect.bisect_right(ends, char)
 
 
 def lags(text: str, deltas, streamed: list[dict]) -> dict[str, list[float]]:
