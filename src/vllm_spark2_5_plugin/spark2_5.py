@@ -388,6 +388,7 @@ class Spark2_5ForCausalLM(
             ),
             folder=self.checkpoint_folder,
             model_config=model_config,
+            computes_with_copies=compat.linears_compute_with_copies(),
         )
 
     @property
