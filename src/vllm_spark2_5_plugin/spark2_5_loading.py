@@ -16,9 +16,9 @@ bucket, so one ledger spans the session:
   session is refused; a call whose tensors come as a list is checked whole
   before any of it loads, and so is a reload from another folder (from its
   files' headers), so a refused push or folder changes nothing;
-* the parts of a packed parameter (``q/k/v_proj``, ``gate/up_proj``) are held
-  until all have arrived: vLLM would otherwise finish a layer pushed in part
-  with uninitialised memory for the rest;
+* a layer's tensors (the parts of a packed parameter, a quantized layer's weight
+  and scales) are held until all have arrived: vLLM would otherwise finish a
+  layer pushed in part with uninitialised memory for the rest;
 * where vLLM computes with copies of the weights (its CPU linears), a tied head
   is reloaded with the embedding, else its copy of the old embedding would keep
   computing the logits;
@@ -113,6 +113,11 @@ class CheckpointLedger:
         if any(getattr(config, key, None) is not None for key in CLASSIFIER_FROM_LM_HEAD):
             self.optional.update(name for name in self.params if name.startswith("score."))
         self.filled: dict[str, dict[str | int, str]] = defaultdict(dict)
+        # Module -> the parameters vLLM waits for before it processes the module.
+        self.module_params: dict[str, list[str]] = defaultdict(list)
+        for name in self.params:
+            if name not in self.optional:
+                self.module_params[module_of(name)].append(name)
 
     def track(self, weights: Weights) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in weights:
@@ -257,8 +262,9 @@ class WeightIntake:
         self.refused: RefusedUpdate | None = None
         # Else an int8 layer reloaded on a CPU without AMX computes with freed scales.
         host_hooks.keep_onednn_int8_scales(model)
-        # Packed parameter -> its parts pushed so far in this session, held back.
-        self.held: dict[str, dict[str | int, tuple[str, torch.Tensor]]] = {}
+        # Module -> parameter -> the tensors (shards) pushed so far in this session,
+        # held back until the module is whole.
+        self.held: dict[str, dict[str, dict[str | int, tuple[str, torch.Tensor]]]] = {}
 
     def prepare(self, weights: Weights) -> Weights:
         """``weights`` as the model's quantization method reads them (GPTQ's ``g_idx``
@@ -346,28 +352,34 @@ class WeightIntake:
 
     def _load_update(self, weights: Weights) -> set[str]:
         embedding: list[torch.Tensor] = []
-        loaded = self.load(self._whole_parameters(weights, embedding))
+        loaded = self.load(self._whole_modules(weights, embedding))
         head = getattr(getattr(self.model, "lm_head", None), "weight", None)
         if embedding and self.reload_tied_head and head is not None:
             head.weight_loader(head, embedding[-1])
         return loaded
 
-    def _whole_parameters(
+    def _whole_modules(
         self, weights: Weights, embedding: list[torch.Tensor]
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """``weights`` with each packed parameter's parts held until all have come."""
+        """``weights`` with each module's tensors held until all its parameters (every
+        part of a packed one) have come: vLLM finishes an update's incomplete modules
+        with uninitialised memory for the rest."""
+        needs = self.session.module_params if self.session is not None else {}
         for name, tensor in weights:
             if name == EMBEDDING:
                 embedding.append(tensor)
             target, shard_id = packed_target(name)
-            if shard_id is None:
+            module = module_of(target)
+            params = needs.get(module, [])
+            if shard_id is None and params in ([], [target]):
                 yield name, tensor
                 continue
-            held = self.held.setdefault(target, {})
-            held[shard_id] = (name, tensor)
-            if len(held) == len(checkpoint_parts(target)):
-                del self.held[target]
-                yield from held.values()
+            held = self.held.setdefault(module, {})
+            held.setdefault(target, {})[_WHOLE if shard_id is None else shard_id] = (name, tensor)
+            if all(_filled(param, held.get(param, {})) for param in params):
+                del self.held[module]
+                for parts in held.values():
+                    yield from parts.values()
 
     def _check_new_folder(self) -> None:
         """In a reload from another folder, refuse a tensor the model would refuse
@@ -396,26 +408,40 @@ class WeightIntake:
         session, self.session = self.session, None
         self.loaded_from = self.model_config.model
         partial = [
-            f"{target} (pushed only {', '.join(name for name, _ in parts.values())})"
-            for target, parts in self.held.items()
+            f"{module} (pushed only "
+            f"{', '.join(name for parts in held.values() for name, _ in parts.values())})"
+            for module, held in self.held.items()
         ]
         self.held.clear()
         if partial:
             logger.warning(
-                "Spark2_5 weight update: these packed parameters got only some of their "
-                "parts and keep their previous values whole: %s",
+                "Spark2_5 weight update: these layers got only some of their tensors and "
+                "keep their previous values whole: %s",
                 "; ".join(partial),
             )
+        # Not a warning: a partial update is allowed, and an engine may write some
+        # tensors itself (NCCL M2N's direct entries) without load_weights.
         missing = session.missing()
         if missing:
             more = len(missing) - NAMED
-            logger.warning(
-                "Spark2_5 weight update finished without %d tensors, which keep their "
-                "previous values: %s%s",
+            logger.info(
+                "Spark2_5 weight update: %d tensors did not come through load_weights and "
+                "keep their previous values unless the transfer engine wrote them: %s%s",
                 len(missing),
                 "; ".join(missing[:NAMED]),
                 f" and {more} more" if more > 0 else "",
             )
+
+
+def module_of(param: str) -> str:
+    """The module a parameter (or checkpoint tensor) name belongs to."""
+    return param.rpartition(".")[0]
+
+
+def _filled(param: str, shards: dict[str | int, Any]) -> bool:
+    """Whether ``shards`` fill ``param``: whole, or every part of a packed one."""
+    parts = checkpoint_parts(param)
+    return _WHOLE in shards or (bool(parts) and parts.keys() <= shards.keys())
 
 
 def _drain(weights: Weights) -> None:

@@ -126,8 +126,8 @@ def test_part_of_a_packed_parameter_is_held_back_and_named(measured):
     log names what arrived."""
     transfer_steps(measured)
     log = measured[1]
-    assert "these packed parameters got only some of their parts" in log
-    assert "model.layers.0.mlp.gate_up_proj.weight (pushed only model.layers.0.mlp.gate_proj" in log
+    assert "these layers got only some of their tensors and keep their previous" in log
+    assert "model.layers.0.mlp.gate_up_proj (pushed only model.layers.0.mlp.gate_proj" in log
 
 
 @pytest.mark.parametrize("case", CASES)
