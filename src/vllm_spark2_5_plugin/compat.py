@@ -127,6 +127,17 @@ def attention_reads_stale_kv_slots() -> bool:
     return current_platform.is_cpu()
 
 
+def linears_compute_with_copies() -> bool:
+    """Whether vLLM's linear layers compute with copies of their weights made when
+    loading finished: its CPU backend (0.23 to 0.33) packs each unquantized linear
+    for oneDNN or its SGL kernel and empties the layer's ``weight``, and computes an
+    LM head from a packed copy too. Other platforms' kernels read the parameters, so
+    a weight written into them serves from the next step."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
 def get_rope(
     head_size: int, max_position: int, rope_theta: float, partial_rotary_factor: float
 ) -> Any:

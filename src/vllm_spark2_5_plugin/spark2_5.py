@@ -168,8 +168,7 @@ class Spark2_5Attention(nn.Module):
             quant_config=quant_config,
             prefix=f"{prefix}.out_proj",
         )
-        # The cos/sin cache covers the positions this engine can serve, not
-        # max_position_embeddings (1M for the 4B).
+        # Sized to the engine, not to max_position_embeddings (1M for the 4B).
         self.rotary_emb = compat.get_rope(
             self.head_dim, max_position=max_position, **config.rope_parameters_for(layer_type)
         )
@@ -206,6 +205,15 @@ class Spark2_5Attention(nn.Module):
         return output
 
 
+def _rope_positions(vllm_config: VllmConfig) -> int:
+    """The positions the cos/sin cache covers: those the engine serves, and past them
+    the tokens a draft may propose at the end (vLLM's CUDA rotary kernel reads the
+    cache without a bounds check)."""
+    speculative = vllm_config.speculative_config
+    drafted = getattr(speculative, "num_speculative_tokens", None) or 0
+    return vllm_config.model_config.max_model_len + drafted
+
+
 class Spark2_5DecoderLayer(nn.Module):
     def __init__(self, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
@@ -214,7 +222,7 @@ class Spark2_5DecoderLayer(nn.Module):
         self.self_attn = Spark2_5Attention(
             config,
             layer_type=config.layer_types[extract_layer_index(prefix)],
-            max_position=vllm_config.model_config.max_model_len,
+            max_position=_rope_positions(vllm_config),
             cache_config=vllm_config.cache_config,
             quant_config=quant_config,
             prefix=f"{prefix}.self_attn",
@@ -388,6 +396,7 @@ class Spark2_5ForCausalLM(
             ),
             folder=self.checkpoint_folder,
             model_config=model_config,
+            computes_with_copies=compat.linears_compute_with_copies(),
         )
 
     @property

@@ -16,20 +16,26 @@ bucket, so one ledger spans the session:
   session is refused; a call whose tensors come as a list is checked whole
   before any of it loads, and so is a reload from another folder (from its
   files' headers), so a refused push or folder changes nothing;
-* the parts of a packed parameter (``q/k/v_proj``, ``gate/up_proj``) are held
-  until all have arrived: vLLM would otherwise finish a layer pushed in part
-  with uninitialised memory for the rest;
-* a tied head is reloaded with the embedding: vLLM leaves an unpushed layer as
-  it was, and on CPU the head's packed (oneDNN) copy of the old embedding would
-  keep computing the logits;
+* a layer's tensors (the parts of a packed parameter, a quantized layer's weight
+  and scales) are held until all have arrived: vLLM would otherwise finish a
+  layer pushed in part with uninitialised memory for the rest;
+* where vLLM computes with copies of the weights (its CPU linears), a tied head
+  is reloaded with the embedding, else its copy of the old embedding would keep
+  computing the logits;
 * when vLLM finishes the session, what it did not update is logged by name (it
   keeps its previous values);
-* a refused tensor ends the session the way vLLM's own finish does (layers
-  loaded before it serve the new weights, the others their previous ones), so
-  the engine never runs on half-restored layers.
+* a refused tensor ends the session at once the way vLLM's own finish does
+  (layers loaded before it serve the new weights, the others their previous
+  ones). The rest of the session is received and dropped, so a trainer that
+  broadcasts its buckets is never left waiting, and the error is raised when
+  vLLM finishes the session.
 
-Outside such a session a loaded model refuses ``load_weights``: writing into its
-parameters would not reach the packed copies vLLM's CPU linears compute with.
+Outside a session, a loaded model takes pushes directly, as vLLM's own models do
+for TRL- or OpenRLHF-style worker extensions, where vLLM computes with the
+parameters themselves (checked tensor by tensor, a refused list loading
+nothing). Where it computes with copies made when loading finished (its CPU
+linears, quantized layers), writing into the parameters would change nothing:
+there a direct push is refused, naming the calls to use.
 """
 
 from __future__ import annotations
@@ -107,6 +113,11 @@ class CheckpointLedger:
         if any(getattr(config, key, None) is not None for key in CLASSIFIER_FROM_LM_HEAD):
             self.optional.update(name for name in self.params if name.startswith("score."))
         self.filled: dict[str, dict[str | int, str]] = defaultdict(dict)
+        # Module -> the parameters vLLM waits for before it processes the module.
+        self.module_params: dict[str, list[str]] = defaultdict(list)
+        for name in self.params:
+            if name not in self.optional:
+                self.module_params[module_of(name)].append(name)
 
     def track(self, weights: Weights) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in weights:
@@ -186,15 +197,19 @@ class CheckpointLedger:
 
 
 OUTSIDE_SESSION = (
-    "Spark2_5 weights were pushed with load_weights outside vLLM's layerwise reload: "
-    "this model is loaded, and on CPU its linear layers compute with packed copies that "
-    "writing into the parameters would not change. Update it with vLLM's reload_weights "
-    "(LLM.collective_rpc('reload_weights', kwargs={{'weights_path': ...}} or "
-    "{{'weights_iterator': [...]}})), with a weight-transfer engine (start_weight_update, "
-    "update_weights, finish_weight_update), or between "
+    "Spark2_5 weights were pushed with load_weights outside vLLM's layerwise reload, "
+    "and this engine computes with copies of its weights made when loading finished "
+    "({why}): writing into the parameters would not change them. Update it with vLLM's "
+    "reload_weights (LLM.collective_rpc('reload_weights', kwargs={{'weights_path': ...}} "
+    "or {{'weights_iterator': [...]}})), with a weight-transfer engine "
+    "(start_weight_update, update_weights, finish_weight_update), or between "
     "initialize_layerwise_reload(model) and finalize_layerwise_reload(model, model_config) "
     "from vllm.model_executor.model_loader.reload. Tensors pushed: {names}"
 )
+
+
+class RefusedUpdate(Spark2_5CheckpointError):
+    """A weight update that refused one of its tensors, raised when vLLM finishes it."""
 
 
 class WeightIntake:
@@ -211,6 +226,7 @@ class WeightIntake:
         checks: TensorChecks,
         folder: Callable[[], Path | None],
         model_config: Any,
+        computes_with_copies: bool,
     ) -> None:
         self.model = model
         self.checks = checks
@@ -223,6 +239,16 @@ class WeightIntake:
         # A tied checkpoint may still carry lm_head.weight; the head is the
         # embedding, so that copy is dropped rather than written over it.
         self.skip_prefixes = ("lm_head.",) if model.config.tie_word_embeddings else ()
+        # Where vLLM's layers compute with copies of their weights, a reloaded
+        # embedding must reach the tied head's copy too, and a direct push cannot.
+        self.reload_tied_head = computes_with_copies and bool(self.skip_prefixes)
+        self.copies = (
+            "vLLM's CPU linear layers"
+            if computes_with_copies
+            else "quantized layers"
+            if checks.quantized
+            else None
+        )
         self.load: Callable[[Weights], set[str]] = partial(
             compat.load_weights,
             model,
@@ -232,10 +258,13 @@ class WeightIntake:
         )
         self.first_load_done = False
         self.session: CheckpointLedger | None = None
+        # The error of a session that refused a tensor, until vLLM finishes it.
+        self.refused: RefusedUpdate | None = None
         # Else an int8 layer reloaded on a CPU without AMX computes with freed scales.
         host_hooks.keep_onednn_int8_scales(model)
-        # Packed parameter -> its parts pushed so far in this session, held back.
-        self.held: dict[str, dict[str | int, tuple[str, torch.Tensor]]] = {}
+        # Module -> parameter -> the tensors (shards) pushed so far in this session,
+        # held back until the module is whole.
+        self.held: dict[str, dict[str, dict[str | int, tuple[str, torch.Tensor]]]] = {}
 
     def prepare(self, weights: Weights) -> Weights:
         """``weights`` as the model's quantization method reads them (GPTQ's ``g_idx``
@@ -257,12 +286,32 @@ class WeightIntake:
         self.loaded_from = self.model_config.model
         return loaded
 
+    def checked(self, ledger: CheckpointLedger, weights: Weights) -> Weights:
+        """``weights`` as they load, each checked by ``ledger``: a list (one bucket)
+        whole before any of it loads, anything else tensor by tensor."""
+        if isinstance(weights, (list, tuple)):
+            weights = list(self.prepare(weights))
+            for name, tensor in weights:
+                ledger.check(name, tensor)
+            return weights
+        return ledger.track(self.prepare(weights))
+
     def update(self, weights: Weights) -> set[str]:
+        """One ``load_weights`` call after the first load."""
+        if self.refused is not None:
+            _drain(weights)  # the rest of a refused session: received, not loaded
+            return set()
+        if host_hooks.in_layerwise_reload(self.model):
+            return self.session_push(weights)
+        if self.copies is None:
+            return self.load(self.checked(self.ledger(), weights))
+        names = [name for name, _ in islice(weights, NAMED)]
+        raise Spark2_5CheckpointError(
+            OUTSIDE_SESSION.format(why=self.copies, names=", ".join(names))
+        )
+
+    def session_push(self, weights: Weights) -> set[str]:
         """One ``load_weights`` call of an update session."""
-        listed = isinstance(weights, (list, tuple))
-        if not host_hooks.in_layerwise_reload(self.model):
-            names = [name for name, _ in islice(weights, NAMED)]
-            raise Spark2_5CheckpointError(OUTSIDE_SESSION.format(names=", ".join(names)))
         if self.session is None:
             # Made at the session's first push, not when it starts: only now has
             # vLLM put every layer back in the form it loads in. A kernel may have
@@ -270,46 +319,67 @@ class WeightIntake:
             # vLLM picks on CPUs without AMX releases ``weight``; CPUWNA16 drops
             # symmetric GPTQ's ``qzeros``).
             self.session = self.ledger()
-        session = self.session
         try:
-            if listed:
-                weights = list(self.prepare(weights))
-                for name, tensor in weights:  # the whole call, before any of it loads
-                    session.check(name, tensor)
-            else:
-                self._check_new_folder()
-                weights = session.track(self.prepare(weights))
-            return self._load_update(weights)
-        except Exception:
-            self.session = None
-            self.held.clear()
-            host_hooks.finalize_layerwise_reload(self.model, self.model_config)
-            raise
+            if not isinstance(weights, (list, tuple)):
+                self._check_new_folder()  # nothing of a refused folder is read
+        except Spark2_5CheckpointError as error:
+            self._refuse(error)
+            return set()
+        try:
+            return self._load_update(self.checked(self.session, weights))
+        except Exception as error:  # any failure ends the session; vLLM's finish raises it
+            self._refuse(error)
+            _drain(weights)
+            return set()
+
+    def _refuse(self, error: Exception) -> None:
+        self.session = None
+        self.held.clear()
+        host_hooks.finalize_layerwise_reload(self.model, self.model_config)
+        self.refused = RefusedUpdate(
+            f"Spark2_5 refused this weight update: {error}. Layers loaded before the "
+            "refusal serve the new weights, the others keep their previous ones; the rest "
+            "of the update was received and dropped. Push the update again, corrected"
+        )
+        self.refused.__cause__ = error
+        logger.error("%s", self.refused)
+
+    def raise_refusal(self) -> None:
+        """Raise the error of a refused session, once: vLLM is finishing it."""
+        refused, self.refused = self.refused, None
+        if refused is not None:
+            raise refused
 
     def _load_update(self, weights: Weights) -> set[str]:
         embedding: list[torch.Tensor] = []
-        loaded = self.load(self._whole_parameters(weights, embedding))
+        loaded = self.load(self._whole_modules(weights, embedding))
         head = getattr(getattr(self.model, "lm_head", None), "weight", None)
-        if embedding and self.skip_prefixes and head is not None:
+        if embedding and self.reload_tied_head and head is not None:
             head.weight_loader(head, embedding[-1])
         return loaded
 
-    def _whole_parameters(
+    def _whole_modules(
         self, weights: Weights, embedding: list[torch.Tensor]
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """``weights`` with each packed parameter's parts held until all have come."""
+        """``weights`` with each module's tensors held until all its parameters (every
+        part of a packed one) have come: vLLM finishes an update's incomplete modules
+        with uninitialised memory for the rest."""
+        needs = self.session.module_params if self.session is not None else {}
         for name, tensor in weights:
             if name == EMBEDDING:
                 embedding.append(tensor)
             target, shard_id = packed_target(name)
-            if shard_id is None:
+            module = module_of(target)
+            params = needs.get(module, [])
+            if shard_id is None and params in ([], [target]):
                 yield name, tensor
                 continue
-            held = self.held.setdefault(target, {})
-            held[shard_id] = (name, tensor)
-            if len(held) == len(checkpoint_parts(target)):
-                del self.held[target]
-                yield from held.values()
+            held = self.held.setdefault(module, {})
+            held.setdefault(target, {})[_WHOLE if shard_id is None else shard_id] = (name, tensor)
+            if all(_filled(param, held.get(param, {})) for param in params):
+                del self.held[module]
+                for parts in held.values():
+                    yield from parts.values()
 
     def _check_new_folder(self) -> None:
         """In a reload from another folder, refuse a tensor the model would refuse
@@ -338,26 +408,52 @@ class WeightIntake:
         session, self.session = self.session, None
         self.loaded_from = self.model_config.model
         partial = [
-            f"{target} (pushed only {', '.join(name for name, _ in parts.values())})"
-            for target, parts in self.held.items()
+            f"{module} (pushed only "
+            f"{', '.join(name for parts in held.values() for name, _ in parts.values())})"
+            for module, held in self.held.items()
         ]
         self.held.clear()
         if partial:
             logger.warning(
-                "Spark2_5 weight update: these packed parameters got only some of their "
-                "parts and keep their previous values whole: %s",
+                "Spark2_5 weight update: these layers got only some of their tensors and "
+                "keep their previous values whole: %s",
                 "; ".join(partial),
             )
+        # Not a warning: a partial update is allowed, and an engine may write some
+        # tensors itself (NCCL M2N's direct entries) without load_weights.
         missing = session.missing()
         if missing:
             more = len(missing) - NAMED
-            logger.warning(
-                "Spark2_5 weight update finished without %d tensors, which keep their "
-                "previous values: %s%s",
+            logger.info(
+                "Spark2_5 weight update: %d tensors did not come through load_weights and "
+                "keep their previous values unless the transfer engine wrote them: %s%s",
                 len(missing),
                 "; ".join(missing[:NAMED]),
                 f" and {more} more" if more > 0 else "",
             )
+
+
+def module_of(param: str) -> str:
+    """The module a parameter (or checkpoint tensor) name belongs to."""
+    return param.rpartition(".")[0]
+
+
+def _filled(param: str, shards: dict[str | int, Any]) -> bool:
+    """Whether ``shards`` fill ``param``: whole, or every part of a packed one."""
+    parts = checkpoint_parts(param)
+    return _WHOLE in shards or (bool(parts) and parts.keys() <= shards.keys())
+
+
+def _drain(weights: Weights) -> None:
+    """Take what is left of ``weights`` without loading it: a sender that streams
+    them (a broadcast) finishes sending instead of waiting for a receiver."""
+    if isinstance(weights, (list, tuple)):
+        return
+    try:
+        for _ in weights:
+            pass
+    except Exception:  # a damaged source stops here; the refusal is what is reported
+        logger.debug("Spark2_5: the rest of a refused update could not be read", exc_info=True)
 
 
 def watch_update_sessions(model_cls: type[ModelT]) -> type[ModelT]:
@@ -373,6 +469,8 @@ def watch_update_sessions(model_cls: type[ModelT]) -> type[ModelT]:
         intake: WeightIntake = model.weight_intake
         if host_hooks.in_layerwise_reload(model):
             intake.session_finishing()
+        elif intake.refused is not None:
+            intake.raise_refusal()  # vLLM finishes the session the refusal ended
         else:
             intake.session_started()
 

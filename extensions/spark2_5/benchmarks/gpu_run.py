@@ -1,21 +1,27 @@
 """The GPU run: parity at the real 4B shape and the seed's serving load, in one go.
 
 Needs one NVIDIA GPU, a CUDA build of vLLM in the carrier's verified range and
-this package; takes about 10 minutes. Steps, each in its own process so that
+this package; takes about 25 minutes. Steps, each in its own process so that
 the GPU is free again after it:
 
 1. ``build``: a checkpoint of the Spark-X2.5-4B's shape with seeded random
    weights (normal, std 0.02, the 4B's ``initializer_range``), saved in bf16.
-2. ``parity-float32``, ``parity-bfloat16``: that checkpoint served by vLLM
-   (offline ``LLM``, greedy, 32 new tokens, prompts of 19, 57 and 1525 tokens,
-   the last longer than the 512-token window) against the reference
-   (``spark2_5_dev.reference``) on the same GPU. Float32: the reference
-   scores vLLM's tokens teacher-forced; identical greedy tokens and log-probs
-   within the project's float32 tolerance. Bfloat16: scored against the float32
-   reference as the CPU parity matrix scores it.
+2. ``parity-float32``, ``parity-bfloat16``: that checkpoint and an in-tree control
+   of the same dimensions (``gpu_parity``), each served eager and compiled (CUDA
+   graphs; greedy, 32 new tokens, prompts of 19, 57 and 1525 tokens, the last
+   longer than the 512-token window), each scored by its own reference on the same
+   GPU. Float32 runs with TF32 off (vLLM, Triton, the references): identical
+   greedy tokens, log-probs within the project's tolerance; a control that misses
+   too makes the verdict inconclusive. Bfloat16 is judged against the band the
+   control measures. Compiled tokens must equal eager ones. The attention backend
+   vLLM picked is recorded.
 3. ``serving``: ``bench_serving.py --gpu-4b-shape``, the 4B shape at
    the seed's load (500 concurrent, 1525 input and 127 output tokens), CUDA
    graphs on, beside an in-tree Llama of the same shape in the same run.
+
+Needs at least 40 GB of GPU memory at the 4B shape (checked before any step): an
+engine holds 16.4 GB of float32 weights in its half of the GPU, the reference its
+own 16.4 GB in the other half.
 
 It then writes one JSON record (``--out``): the machine and its GPU, each
 step's status, the parity results, the serving results, Spark2_5 / in-tree and
@@ -39,21 +45,23 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from bench_serving import IN_TREE, SEED_README, SEED_TOKEN_MIX, SPARK
 from common import ROOT, Record, table
+from gpu_parity import PRECISE_FLOAT32_ENV, build_control, parity_phase
 
 SCRIPT = Path(__file__).resolve()
 BENCH_SERVING = SCRIPT.with_name("bench_serving.py")
 DTYPES = ("float32", "bfloat16")
 STEPS = ("build", *(f"parity-{dtype}" for dtype in DTYPES), "serving")
 # Seconds a step may take at the 4B shape on a GPU; the whole run stops at
-# --budget-s (default about 10 minutes), each step getting at most what is left.
-STEP_TIMEOUTS = {"build": 150, "parity-float32": 150, "parity-bfloat16": 150, "serving": 420}
-DEFAULT_BUDGET_S = 570
+# --budget-s (default 28 minutes), each step getting at most what is left.
+STEP_TIMEOUTS = {"build": 300, "parity-float32": 480, "parity-bfloat16": 480, "serving": 420}
+DEFAULT_BUDGET_S = 1680
 # A step not started with less than this left is skipped rather than cut short.
 MIN_STEP_S = 45
 PARITY_PROMPT_LENGTHS = (19, 57, SEED_TOKEN_MIX["input_len"])
@@ -76,6 +84,7 @@ class Step:
     command: list[str]
     timeout_s: int
     output: Path
+    env: dict[str, str] = field(default_factory=dict)
 
 
 def plan(args: argparse.Namespace) -> list[Step]:
@@ -94,8 +103,11 @@ def plan(args: argparse.Namespace) -> list[Step]:
     }
     # A CPU check's steps take what the machine needs, within the budget.
     timeouts = STEP_TIMEOUTS if args.shape == "4b" else dict.fromkeys(STEPS, int(args.budget_s))
+    envs = {"parity-float32": PRECISE_FLOAT32_ENV}
     return [
-        Step(name, commands[name], timeouts[name], args.workdir / f"{name}.json")
+        Step(
+            name, commands[name], timeouts[name], args.workdir / f"{name}.json", envs.get(name, {})
+        )
         for name in STEPS
         if name in args.steps
     ]
@@ -108,7 +120,11 @@ def run_step(step: Step, timeout_s: float) -> dict[str, Any]:
     started = time.monotonic()
     with open(log, "w") as log_file:
         process = subprocess.Popen(
-            step.command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True
+            step.command,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **step.env},
         )
         try:
             returncode = process.wait(timeout=timeout_s)
@@ -167,6 +183,32 @@ def _shape_config(shape: str) -> dict[str, Any]:
     return {k: v for k, v in SPARK_X25_4B_CONFIG.items() if k not in written}
 
 
+def needed_gpu_bytes(shape: str) -> int:
+    """GPU memory the parity steps need: the engine's half of the GPU holds the float32
+    weights with a fifth more for activations and KV cache; the reference's float32
+    copy fits in the other half."""
+    from spark2_5_dev.reference import Spark2_5Reference
+
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in Spark2_5Reference(_shape_config(shape)).parameters())
+    return int(2 * 4 * parameters * 1.2)
+
+
+def refuse_a_small_gpu(shape: str) -> str | None:
+    """Why this machine cannot run the steps at ``shape``, or None."""
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible (the tiny shape runs on CPU: --shape tiny)"
+    total = torch.cuda.get_device_properties(0).total_memory
+    needed = needed_gpu_bytes(shape)
+    if total < needed:
+        return (
+            f"the parity steps at shape {shape} need {needed / 1e9:.0f} GB of GPU memory "
+            f"and {torch.cuda.get_device_name(0)} has {total / 1e9:.0f} GB: use a larger "
+            "GPU, or run --steps serving alone"
+        )
+    return None
+
+
 def build_phase(workdir: Path, shape: str) -> dict[str, Any]:
     import torch
 
@@ -177,86 +219,16 @@ def build_phase(workdir: Path, shape: str) -> dict[str, Any]:
     model = random_spark2_5(config, seed=PARITY_SEED, std=WEIGHT_STD[shape], device=device)
     model = model.to(torch.bfloat16)
     path = save_checkpoint(model, config, workdir / "checkpoint")
+    parameters = sum(p.numel() for p in model.parameters())
+    del model
+    control = build_control(workdir / "control", config, WEIGHT_STD[shape], PARITY_SEED, device)
     return {
         "checkpoint": path.name,
+        "control": control.name,
         "shape": shape,
-        "parameters": sum(p.numel() for p in model.parameters()),
+        "parameters": parameters,
         "weights": f"normal(0, {WEIGHT_STD[shape]}), norms uniform(0.8, 1.2), seed "
         f"{PARITY_SEED} on {device}, saved in bfloat16",
-    }
-
-
-def _serve_for_parity(path: Path, dtype: str, batch: list[list[int]], cuda: bool) -> list[dict]:
-    import gc
-
-    from vllm import LLM, SamplingParams
-
-    from spark2_5_dev.parity import NEW_TOKENS, completion_record
-
-    # Half the GPU, so that the reference fits beside an engine not yet torn down.
-    memory = {"gpu_memory_utilization": 0.5} if cuda else {}
-    llm = LLM(
-        model=str(path),
-        dtype=dtype,
-        max_model_len=PARITY_MAX_MODEL_LEN,
-        enforce_eager=True,
-        seed=0,
-        **memory,
-    )
-    params = SamplingParams(
-        temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=1, detokenize=False
-    )
-    outputs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
-    del llm
-    gc.collect()
-    return [completion_record(output) for output in outputs]
-
-
-def parity_phase(workdir: Path, dtype: str) -> dict[str, Any]:
-    import torch
-
-    from spark2_5_dev import parity
-    from spark2_5_dev.checkpoints import read_config
-    from spark2_5_dev.hybrid import compare_teacher_forced, random_prompts
-    from spark2_5_dev.reference import Spark2_5Reference
-
-    path = workdir / "checkpoint"
-    batch = random_prompts(PARITY_PROMPT_LENGTHS, PARITY_SEED, read_config(path)["vocab_size"])
-    cuda = torch.cuda.is_available()
-    served = _serve_for_parity(path, dtype, batch, cuda)
-    # Built on the GPU directly: initialising 4B parameters on the CPU first takes
-    # longer than the whole comparison.
-    with torch.device("cuda" if cuda else "cpu"):
-        reference = Spark2_5Reference.from_pretrained(path)
-    device = torch.cuda.get_device_name(0) if cuda else "cpu"
-    if dtype == "float32":
-        prompts = [
-            {
-                "prompt_len": len(prompt),
-                **compare_teacher_forced(reference.score(prompt, out["tokens"]), **out),
-            }
-            for prompt, out in zip(batch, served, strict=True)
-        ]
-        worst = max(p["max_abs_logprob_diff"] for p in prompts)
-        return {
-            "device": device,
-            "dtype": dtype,
-            "tokens_match": all(p["tokens_match"] for p in prompts),
-            "max_abs_logprob_diff": worst,
-            "logprob_tolerance": parity.FP32_LOGPROB_TOLERANCE,
-            "within_tolerance": all(p["tokens_match"] for p in prompts)
-            and worst <= parity.FP32_LOGPROB_TOLERANCE,
-            "prompts": prompts,
-        }
-    compared = parity._compare_teacher_forced(reference, batch, served)
-    return {
-        "device": device,
-        "dtype": dtype,
-        "logprob_tolerance": parity.BF16_LOGPROB_TOLERANCE,
-        "min_argmax_agreement": parity.BF16_MIN_ARGMAX_AGREEMENT,
-        "within_tolerance": compared["max_abs_logprob_diff"] <= parity.BF16_LOGPROB_TOLERANCE
-        and compared["argmax_agreement"] >= parity.BF16_MIN_ARGMAX_AGREEMENT,
-        **compared,
     }
 
 
@@ -328,10 +300,11 @@ def print_summary(data: dict[str, Any]) -> None:
     print(table(["step", "status", "seconds"], rows))
     for dtype, result in data["results"]["parity"].items():
         if result:
+            backends = {r["eager"]["attention_backend"] for r in result["results"].values()}
             print(
-                f"parity {dtype} on {result['device']}: within tolerance "
-                f"{result['within_tolerance']}, worst log-prob difference "
-                f"{result['max_abs_logprob_diff']:.2e}"
+                f"parity {dtype} on {result['device']} ({', '.join(sorted(backends))}): "
+                f"within tolerance {result['within_tolerance']}, conclusive "
+                f"{result['conclusive']}, compiled equals eager {result['compiled_equals_eager']}"
             )
     side_by_side = data["results"]["seed_readme_side_by_side"]
     if side_by_side:
@@ -345,7 +318,8 @@ def _run_phase(args: argparse.Namespace) -> None:
     if args.phase == "build":
         name, result = "build", build_phase(args.workdir, args.shape)
     else:
-        name, result = f"parity-{args.dtype}", parity_phase(args.workdir, args.dtype)
+        result = parity_phase(args.workdir, args.dtype, PARITY_PROMPT_LENGTHS, PARITY_SEED)
+        name = f"parity-{args.dtype}"
     (args.workdir / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
 
 
@@ -363,6 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     print_plan(steps, args)
     if args.dry_run:
         return 0
+    parity_steps = any(name.startswith("parity") for name in args.steps)
+    refusal = refuse_a_small_gpu(args.shape) if args.shape == "4b" and parity_steps else None
+    if refusal:
+        print(f"gpu_run: {refusal}", file=sys.stderr)
+        return 2
     args.workdir.mkdir(parents=True, exist_ok=True)
     record = Record("gpu-run", {"shape": args.shape, "steps": args.steps})
     deadline = time.monotonic() + args.budget_s

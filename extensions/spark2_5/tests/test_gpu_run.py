@@ -34,7 +34,7 @@ def test_dry_run_prints_each_step_and_runs_nothing(tmp_path):
     done = gpu_run("--dry-run", "--workdir", str(workdir), "--out", str(out))
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert "at most 570 s" in lines[0]
+    assert "at most 1680 s" in lines[0]
     steps = [line.split()[1] for line in lines[1:5]]
     assert steps == ["build", "parity-float32", "parity-bfloat16", "serving"]
     assert "--phase parity --dtype bfloat16" in lines[3]
@@ -141,8 +141,25 @@ def test_the_4b_build_is_the_released_shape(benchmarks_on_path):
     assert 4.0e9 < sum(p.numel() for p in model.parameters()) < 4.2e9
 
 
+def test_without_a_large_enough_gpu_the_parity_steps_do_not_start(tmp_path):
+    """Checked before any step: at the 4B shape the parity steps need about 40 GB."""
+    done = gpu_run("--workdir", str(tmp_path / "work"), "--steps", "parity-float32")
+    assert done.returncode == 2
+    assert "no CUDA GPU is visible" in done.stderr
+    assert not (tmp_path / "work").exists()
+
+
+def test_the_needed_gpu_memory_is_what_the_docstring_states(benchmarks_on_path):
+    from gpu_run import needed_gpu_bytes
+
+    assert 39e9 < needed_gpu_bytes("4b") < 41e9  # "at least 40 GB" in gpu_run.py
+
+
 @pytest.mark.slow
 def test_the_parity_step_runs_on_cpu_at_a_tiny_shape(benchmarks_on_path, tmp_path):
+    """Spark2_5 and the in-tree control, each eager and compiled, against their own
+    references: the code path the 4B takes on a GPU."""
+    from gpu_parity import MODELS, MODES, PRECISE_FLOAT32_ENV
     from gpu_run import PARITY_PROMPT_LENGTHS
 
     workdir, out = tmp_path / "work", tmp_path / "record.json"
@@ -160,9 +177,33 @@ def test_the_parity_step_runs_on_cpu_at_a_tiny_shape(benchmarks_on_path, tmp_pat
     }
     parity = record["results"]["parity"]["float32"]
     assert parity["device"] == "cpu"
-    assert [p["prompt_len"] for p in parity["prompts"]] == list(PARITY_PROMPT_LENGTHS)
-    assert all(p["tokens_match"] for p in parity["prompts"]), parity
-    assert parity["max_abs_logprob_diff"] <= FP32_LOGPROB_TOLERANCE
-    assert parity["within_tolerance"]
+    assert parity["precision_env"] == PRECISE_FLOAT32_ENV
+    for model in MODELS:
+        for mode in MODES:
+            result = parity["results"][model][mode]
+            assert result["attention_backend"] == "CPU_ATTN"
+            assert [p["prompt_len"] for p in result["prompts"]] == list(PARITY_PROMPT_LENGTHS)
+            assert result["tokens_match"], (model, mode)
+            assert result["max_abs_logprob_diff"] <= FP32_LOGPROB_TOLERANCE, (model, mode)
+    assert parity["compiled_equals_eager"] == dict.fromkeys(MODELS, True)
+    assert parity["conclusive"] and parity["within_tolerance"]
     assert record["results"]["parity"]["bfloat16"] is None
     assert record["results"]["serving"] is None
+
+
+def test_a_bfloat16_verdict_follows_the_controls_band(benchmarks_on_path):
+    from gpu_parity import BF16_AGREEMENT_SLACK, BF16_BAND, BF16_FLOOR, verdict
+
+    def result(diff: float, agreement: float) -> dict:
+        modes = {"max_abs_logprob_diff": diff, "argmax_agreement": agreement}
+        return {"eager": modes, "compiled": modes, "compiled_equals_eager": [True]}
+
+    control = result(0.1, 0.9)
+    limit = BF16_BAND * 0.1 + BF16_FLOOR
+    inside = verdict("bfloat16", {"spark2_5": result(limit, 0.9), "control": control})
+    assert inside["within_tolerance"]
+    assert inside["band"]["min_argmax_agreement"] == 0.9 - BF16_AGREEMENT_SLACK
+    outside = verdict("bfloat16", {"spark2_5": result(limit * 1.01, 0.9), "control": control})
+    assert not outside["within_tolerance"]
+    disagreeing = verdict("bfloat16", {"spark2_5": result(0.1, 0.8), "control": control})
+    assert not disagreeing["within_tolerance"]

@@ -91,7 +91,9 @@ def test_rope_cache_has_max_model_len_rows_not_max_position_embeddings(matrix, n
 
 
 @pytest.mark.slow
-def test_tensor_and_pipeline_parallel_match_the_single_process_tokens(matrix):
+def test_parallel_and_compiled_runs_match_the_single_process_eager_tokens(matrix):
+    """Tensor and pipeline parallel workers, and one compiled process (tp=1), give the
+    greedy tokens that matched the reference in eager mode."""
     workdir, result = matrix
     parallel = run_parity(workdir, "--parallel", timeout=900)
     for case_name, tp, pp in parity.PARALLEL_RUNS:

@@ -52,3 +52,12 @@ def test_a_draft_model_over_sliding_window_layers_is_refused_by_name(result):
     refusal = result["refusal_draft_model_over_sliding"]
     assert '"draft_model" is not supported over Spark2_5 models with sliding' in refusal
     assert '"eagle3"' in refusal, refusal
+
+
+def test_the_rope_cache_leaves_room_for_the_drafted_tokens(result):
+    """A draft may propose tokens past the last position served; the cache covers them."""
+    rows = result["rope_rows"]
+    assert rows == {
+        "plain": speculative.MAX_MODEL_LEN,
+        "eagle3": speculative.MAX_MODEL_LEN + speculative.SPECULATIVE_TOKENS,
+    }

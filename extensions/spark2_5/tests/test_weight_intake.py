@@ -1,6 +1,8 @@
-"""What the real vLLM ``Spark2_5ForCausalLM`` refuses once loaded, without an engine:
-pushes outside vLLM's layerwise reload, a tensor pushed twice in one update, and a
-"tensor" that arrived as a plain list. End to end: ``test_weight_updates.py``."""
+"""What the real vLLM ``Spark2_5ForCausalLM`` does with pushes once loaded, without an
+engine: direct pushes (loaded where vLLM computes with the parameters, refused where
+it computes with copies), a tensor pushed twice in one update, the rest of a refused
+update, and a "tensor" that arrived as a plain list. End to end:
+``test_weight_updates.py``."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
 from spark2_5_dev.model_building import build_model, checkpoint_tensors, vllm_model_env
 from vllm_spark2_5_plugin import host_hooks
 from vllm_spark2_5_plugin.spark2_5_checkpoint import Spark2_5CheckpointError
+from vllm_spark2_5_plugin.spark2_5_loading import RefusedUpdate
 
 __all__ = ["vllm_model_env"]  # the fixture, for pytest
 
@@ -26,6 +29,27 @@ NAME = "model.layers.1.mlp.down_proj.weight"
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory):
     return build_spark2_5_checkpoint(tmp_path_factory.mktemp("intake"), seed=4)
+
+
+@pytest.fixture(scope="module")
+def other_checkpoint(tmp_path_factory: pytest.TempPathFactory):
+    return build_spark2_5_checkpoint(tmp_path_factory.mktemp("intake-other"), seed=5)
+
+
+@pytest.fixture
+def vllm_reads_the_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in for a platform whose kernels read the parameters (a GPU): the
+    carrier's platform decision says so, and vLLM's CPU linears take vLLM's own
+    unpacked path (``torch.nn.functional.linear`` over the layer's weight), the one
+    it takes where its CPU library has neither oneDNN nor its SGL kernel."""
+    from vllm import _custom_ops
+    from vllm.model_executor.layers import utils
+
+    from vllm_spark2_5_plugin import compat
+
+    monkeypatch.setattr(compat, "linears_compute_with_copies", lambda: False)
+    monkeypatch.setattr(_custom_ops, "_supports_onednn", False)
+    monkeypatch.setattr(utils, "check_cpu_sgl_kernel", lambda *_: False)
 
 
 def first_load(checkpoint):
@@ -53,39 +77,124 @@ def test_a_push_outside_a_layerwise_reload_is_refused(checkpoint, loaded_model):
     assert NAME in str(error.value)
 
 
-def test_a_tensor_pushed_twice_in_one_update_is_refused_and_the_update_ends(
-    checkpoint, loaded_model
+def parameters(model) -> dict[str, torch.Tensor]:
+    return {name: param.detach().clone() for name, param in model.named_parameters()}
+
+
+def assert_same(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert actual.keys() == expected.keys()
+    unequal = [name for name in actual if not torch.equal(actual[name], expected[name])]
+    assert not unequal
+
+
+def test_where_vllm_reads_the_parameters_direct_pushes_load_as_trainers_send_them(
+    checkpoint, other_checkpoint, vllm_reads_the_parameters
 ):
-    from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+    """TRL and OpenRLHF call ``load_weights`` on the worker's model with one tensor
+    at a time, verl with buckets, others with a whole state dict: each loads."""
+    model = first_load(checkpoint)
+    assert all(param.numel() for param in model.parameters())  # vLLM packed nothing away
+    pushed = checkpoint_tensors(other_checkpoint)
+    names = sorted(pushed)
+    for name in names[:5]:
+        model.load_weights([(name, pushed[name])])
+    for start in range(5, len(names), 4):
+        model.load_weights([(name, pushed[name]) for name in names[start : start + 4]])
+    assert_same(parameters(model), parameters(first_load(other_checkpoint)))
+    assert model.lm_head.weight is model.model.embedding.weight
+    model.load_weights(iter(checkpoint_tensors(checkpoint).items()))
+    assert_same(parameters(model), parameters(first_load(checkpoint)))
+
+
+def test_where_vllm_reads_the_parameters_a_refused_direct_bucket_loads_nothing(
+    checkpoint, other_checkpoint, vllm_reads_the_parameters
+):
+    model = first_load(checkpoint)
+    before = parameters(model)
+    pushed = checkpoint_tensors(other_checkpoint)
+    bucket = [(name, pushed[name]) for name in sorted(pushed)[:3]]
+    bucket.append((NAME, pushed[NAME][:, :-1]))
+    with pytest.raises(Spark2_5CheckpointError, match=f"Checkpoint tensor {NAME!r} has shape"):
+        model.load_weights(bucket)
+    assert_same(parameters(model), before)
+
+
+def test_a_refused_tensor_ends_the_update_and_vllms_finish_raises_it_once(checkpoint, loaded_model):
+    from vllm.model_executor.model_loader.reload import (
+        finalize_layerwise_reload,
+        initialize_layerwise_reload,
+    )
 
     tensor = checkpoint_tensors(checkpoint)[NAME]
     initialize_layerwise_reload(loaded_model)
     loaded_model.load_weights([(NAME, tensor)])
-    with pytest.raises(Spark2_5CheckpointError) as error:
-        loaded_model.load_weights([(NAME, tensor.clone())])
-    assert str(error.value) == (
-        f"Checkpoint tensors {NAME!r} and {NAME!r} both load into {NAME!r}; "
-        "keep either the fused tensor or its parts, once"
-    )
+    assert loaded_model.load_weights([(NAME, tensor.clone())]) == set()
     # Ended as vLLM's finalize ends it: no layer is left on the meta device.
     assert not host_hooks.in_layerwise_reload(loaded_model)
     assert not any(p.is_meta for p in loaded_model.parameters())
+    config = loaded_model.weight_intake.model_config
+    with pytest.raises(RefusedUpdate) as error:
+        finalize_layerwise_reload(loaded_model, config)
+    assert f"Checkpoint tensors {NAME!r} and {NAME!r} both load into {NAME!r}" in str(error.value)
+    finalize_layerwise_reload(loaded_model, config)  # raised once: the next update starts clean
+    initialize_layerwise_reload(loaded_model)
+    loaded_model.load_weights([(NAME, tensor)])
+    finalize_layerwise_reload(loaded_model, config)
+
+
+def test_the_rest_of_a_refused_update_is_taken_and_dropped(
+    checkpoint, other_checkpoint, loaded_model
+):
+    """What a broadcasting trainer needs: every later tensor of the update is still
+    received (each iterator runs to its end), none of it loads."""
+    from vllm.model_executor.model_loader.reload import (
+        finalize_layerwise_reload,
+        initialize_layerwise_reload,
+    )
+
+    pushed = checkpoint_tensors(other_checkpoint)
+    taken: list[str] = []
+
+    def stream(names):
+        for name in names:
+            taken.append(name)
+            yield name, pushed[name]
+
+    names = sorted(pushed)
+    refused_at = names.index(NAME)
+    initialize_layerwise_reload(loaded_model)
+    wrong = (NAME, pushed[NAME][:, :-1])
+    assert loaded_model.load_weights(iter([*stream(names[:refused_at]), wrong])) == set()
+    before = parameters(loaded_model)
+    assert loaded_model.load_weights(stream(names[refused_at + 1 :])) == set()
+    assert loaded_model.load_weights([(NAME, pushed[NAME])]) == set()
+    assert taken == names[:refused_at] + names[refused_at + 1 :]
+    assert_same(parameters(loaded_model), before)
+    with pytest.raises(RefusedUpdate, match=f"Checkpoint tensor {NAME!r} has shape"):
+        finalize_layerwise_reload(loaded_model, loaded_model.weight_intake.model_config)
 
 
 @pytest.mark.parametrize("first", [True, False])
 def test_a_tensor_that_arrived_as_a_list_is_refused_by_name(checkpoint, first):
-    from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+    from vllm.model_executor.model_loader.reload import (
+        finalize_layerwise_reload,
+        initialize_layerwise_reload,
+    )
 
     tensors = checkpoint_tensors(checkpoint)
-    if first:
-        model = build_model(checkpoint)
-    else:
-        model = first_load(checkpoint)
-        initialize_layerwise_reload(model)
+    model = build_model(checkpoint) if first else first_load(checkpoint)
     tensors[NAME] = tensors[NAME].tolist()
-    with pytest.raises(Spark2_5CheckpointError) as error:
+    if first:
+        with pytest.raises(Spark2_5CheckpointError) as error:
+            model.load_weights(list(tensors.items()))
+        refusal = error.value
+    else:
+        initialize_layerwise_reload(model)
         model.load_weights(list(tensors.items()))
-    assert str(error.value).startswith(
+        with pytest.raises(RefusedUpdate) as error:
+            finalize_layerwise_reload(model, model.weight_intake.model_config)
+        refusal = error.value.__cause__
+    assert str(refusal).startswith(
         f"Tensor {NAME!r} arrived as a list, not a torch.Tensor. A weights_iterator sent "
         "with collective_rpc"
     )

@@ -7,12 +7,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from spark2_5_dev.reference import checkpoint_tensors
 
-__all__ = ["build_model", "checkpoint_tensors", "parallel_rank", "vllm_model_env"]
+__all__ = [
+    "build_model",
+    "build_model_and_config",
+    "checkpoint_tensors",
+    "parallel_rank",
+    "vllm_model_env",
+]
 
 
 @pytest.fixture(scope="session")
@@ -66,6 +73,13 @@ def build_model(checkpoint: Path, max_model_len: int = 128, dtype: str = "float3
     """``Spark2_5ForCausalLM`` for ``checkpoint``'s config (and its quantization
     config, if any), with a fresh vLLM config (attention layers register their
     names in it, so one per model)."""
+    return build_model_and_config(checkpoint, max_model_len, dtype)[0]
+
+
+def build_model_and_config(
+    checkpoint: Path, max_model_len: int = 128, dtype: str = "float32"
+) -> tuple[Any, Any]:
+    """:func:`build_model` and the vLLM config it was built in (a forward pass needs it)."""
     import torch
     from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
 
@@ -81,4 +95,4 @@ def build_model(checkpoint: Path, max_model_len: int = 128, dtype: str = "float3
 
         configure_quant_config(vllm_config.quant_config, Spark2_5ForCausalLM)
     with set_current_vllm_config(vllm_config), torch.device("cpu"):
-        return Spark2_5ForCausalLM(vllm_config=vllm_config)
+        return Spark2_5ForCausalLM(vllm_config=vllm_config), vllm_config

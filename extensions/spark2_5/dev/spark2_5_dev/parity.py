@@ -292,12 +292,14 @@ def run_matrix(workdir: str | Path, cases: tuple[ParityCase, ...] = CASES) -> di
 
 
 # (matrix case whose checkpoint is served, tensor parallel size, pipeline parallel size):
-# KV heads partitioned (2 KV heads, TP 2), replicated (1 KV head, TP 2), and two
-# pipeline stages with a tied head (the last stage holds the embedding too).
+# KV heads partitioned (2 KV heads, TP 2), replicated (1 KV head, TP 2), two pipeline
+# stages with a tied head (the last stage holds the embedding too), and one process
+# compiled (torch.compile, as vLLM serves without enforce_eager).
 PARALLEL_RUNS = (
     ("tied-sigmoid-gqa2-fused", 2, 1),
     ("nogate-gqa4-sharded", 2, 1),
     ("tied-sigmoid-gqa2-fused", 1, 2),
+    ("tied-sigmoid-gqa2-fused", 1, 1),
 )
 
 
@@ -322,9 +324,9 @@ def run_parallel(workdir: str | Path, runs: tuple[tuple[str, int, int], ...] = P
     :func:`run_matrix`) served with tensor or pipeline parallel worker processes,
     for the same prompts as the matrix; keyed by :func:`parallel_run_name`.
 
-    With ``enforce_eager`` the CPU model runner never allocates the buffer for
-    the hidden states a later pipeline stage receives, for any model; PP runs
-    compiled, which warms that buffer up.
+    Runs without tensor parallelism are compiled: with ``enforce_eager`` the CPU
+    model runner never allocates the buffer for the hidden states a later pipeline
+    stage receives, for any model, and compiling warms that buffer up.
     """
     for name, value in ENGINE_ENV.items():
         if name != "VLLM_ENABLE_V1_MULTIPROCESSING":
@@ -344,7 +346,7 @@ def run_parallel(workdir: str | Path, runs: tuple[tuple[str, int, int], ...] = P
             str(path),
             dtype="float32",
             max_model_len=MAX_MODEL_LEN,
-            enforce_eager=pp == 1,
+            enforce_eager=tp > 1,
             seed=0,
             tensor_parallel_size=tp,
             pipeline_parallel_size=pp,

@@ -30,6 +30,7 @@ from spark2_5_dev.drivers import driver_main
 SEED = 5
 PROMPT_LENGTHS = (4, 15, 33)
 NEW_TOKENS = 24
+MAX_MODEL_LEN = 256
 SPECULATIVE_TOKENS = 3
 # Layers 1 and 2 are sliding-window, 3 is full attention (spark2_5_config_dict).
 EAGLE3_LAYERS = (1, 2, 3)
@@ -102,18 +103,28 @@ def build_head(
     return path
 
 
-def _generate(target: Path, batch: list[list[int]], speculative: dict | None) -> list[list[int]]:
+def rope_rows(model: Any) -> int:
+    """How many positions the target's RoPE cos/sin cache covers."""
+    return model.model.layers[0].self_attn.rotary_emb.cos_sin_cache.shape[0]
+
+
+def _generate(
+    target: Path, batch: list[list[int]], speculative: dict | None, record: dict | None = None
+) -> list[list[int]]:
+    """Greedy tokens for ``batch``; with ``record``, the target's RoPE rows in it."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(
         str(target),
         dtype="float32",
-        max_model_len=256,
+        max_model_len=MAX_MODEL_LEN,
         enforce_eager=True,
         speculative_config=speculative,
     )
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     try:
+        if record is not None:
+            record["rope_rows"] = llm.apply_model(rope_rows)[0]
         outputs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
         return [list(output.outputs[0].token_ids) for output in outputs]
     finally:
@@ -128,9 +139,10 @@ def run(workdir: Path) -> dict[str, Any]:
         "eagle": build_head(target, workdir / "eagle-head", eagle3=False),
         "eagle3": build_head(target, workdir / "eagle3-head", eagle3=True),
     }
-    result: dict[str, Any] = {"plain": _generate(target, batch, None)}
+    result: dict[str, Any] = {"plain": _generate(target, batch, None, plain := {})}
     for method, head in heads.items():
-        result[method] = _generate(target, batch, _speculative(method, head))
+        result[method] = _generate(target, batch, _speculative(method, head), drafted := {})
+    result["rope_rows"] = {"plain": plain["rope_rows"], "eagle3": drafted["rope_rows"]}
     # A head that asks for a layer the target does not have.
     wrong = build_head(target, workdir / "wrong-layers-head", eagle3=True, layers=(1, 2, 9))
     try:

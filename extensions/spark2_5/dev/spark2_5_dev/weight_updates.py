@@ -252,6 +252,8 @@ def _steps(served: Served, a: Path, b: Path, tensors: dict[str, dict]) -> dict[s
     wrong = {WRONG_SHAPE: tensors["b"][WRONG_SHAPE][:, :-1].contiguous()}
     wrong.update((n, t) for n, t in tensors["b"].items() if n != WRONG_SHAPE)
     steps["wrong_shape_error"] = _error_of(lambda: push(llm, wrong, per_tensor=True))
+    # vLLM's worker keeps an update open when its finish raised: one more ends it.
+    steps["second_finish_error"] = _error_of(llm.finish_weight_update)
     steps["a_after_wrong_shape"] = served.generate()
     part = PART_OF_PACKED
     push(llm, {part: tensors["b"][part]}, per_tensor=True)

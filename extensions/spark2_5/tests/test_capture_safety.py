@@ -1,0 +1,99 @@
+"""What vLLM's compiled and CUDA-graph paths need of the model's forward, checked on
+CPU with the real vLLM layers: TorchDynamo captures each decoder layer and the whole
+model as one graph (vLLM compiles with ``fullgraph=True``, so a break would fail the
+engine), and nothing in it copies to the host or waits on the device, which CUDA-graph
+capture forbids. The compiled engine's tokens are in ``test_parity.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
+from spark2_5_dev.model_building import build_model_and_config, checkpoint_tensors, vllm_model_env
+
+__all__ = ["vllm_model_env"]  # the fixture, for pytest
+
+pytestmark = pytest.mark.usefixtures("vllm_model_env")
+
+# Calls that read a tensor's values on the host or wait for the device.
+HOST_SYNCS = {"item", "tolist", "cpu", "numpy", "nonzero", "masked_select", "unique", "synchronize"}
+TOKENS = 7
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    checkpoint = build_spark2_5_checkpoint(tmp_path_factory.mktemp("capture"), seed=6)
+    model, vllm_config = build_model_and_config(checkpoint)
+    model.load_weights(iter(checkpoint_tensors(checkpoint).items()))
+    process_weights_after_loading(model, vllm_config.model_config, torch.device("cpu"))
+    return model, vllm_config
+
+
+def explain(vllm_config: Any, module: torch.nn.Module, *args: Any) -> Any:
+    """TorchDynamo's account of ``module(*args)``, in vLLM's forward context (the
+    attention ops skip their work without attention metadata, as in vLLM's profile run)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+
+    torch._dynamo.reset()
+    with set_current_vllm_config(vllm_config), set_forward_context(None, vllm_config):
+        return torch._dynamo.explain(module)(*args)
+
+
+def called(graph: torch.fx.GraphModule) -> set[str]:
+    """The last name of everything the graph calls."""
+    return {
+        str(getattr(node.target, "__name__", node.target)).rsplit(".", 1)[-1]
+        for node in graph.graph.nodes
+        if node.op in ("call_function", "call_method", "call_module")
+    }
+
+
+def capture_problems(explained: Any) -> list[str]:
+    """Why vLLM's compiled or CUDA-graph path could not take this forward as is."""
+    problems = [f"graph break: {reason}" for reason in explained.break_reasons]
+    for graph in explained.graphs:
+        problems += [f"host sync: {name}" for name in sorted(called(graph) & HOST_SYNCS)]
+    return problems
+
+
+def assert_one_capturable_graph(explained: Any) -> None:
+    assert capture_problems(explained) == []
+    assert explained.graph_count == 1
+    assert "unified_attention_with_output" in called(explained.graphs[0])  # layers traced
+
+
+@pytest.mark.parametrize("layer_type", ["sliding_attention", "full_attention"])
+def test_a_decoder_layer_is_one_graph_with_no_host_sync(loaded, layer_type):
+    model, vllm_config = loaded
+    index = model.config.layer_types.index(layer_type)
+    hidden = torch.randn(TOKENS, model.config.hidden_size)
+    positions = torch.arange(TOKENS)
+    explained = explain(vllm_config, model.model.layers[index], positions, hidden, None)
+    assert_one_capturable_graph(explained)
+
+
+def test_the_whole_forward_is_one_graph_with_no_host_sync(loaded):
+    model, vllm_config = loaded
+    input_ids = torch.randint(0, model.config.vocab_size, (TOKENS,))
+    explained = explain(vllm_config, model, input_ids, torch.arange(TOKENS))
+    assert_one_capturable_graph(explained)
+
+
+@pytest.mark.parametrize(
+    "sync", [lambda x: x.abs().max().item(), lambda x: x.cpu().sum()], ids=["item", "cpu"]
+)
+def test_a_host_sync_in_forward_would_be_found(loaded, monkeypatch, sync):
+    """The check is not blind: a host read in the gate is reported."""
+    model, vllm_config = loaded
+    attention = model.model.layers[0].self_attn
+    gate_act = attention.gate_act
+    monkeypatch.setattr(attention, "gate_act", lambda x: gate_act(x) * sync(x))
+    hidden = torch.randn(TOKENS, model.config.hidden_size)
+    explained = explain(vllm_config, model.model.layers[0], torch.arange(TOKENS), hidden, None)
+    assert capture_problems(explained)
