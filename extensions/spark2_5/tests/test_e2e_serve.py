@@ -28,6 +28,7 @@ from spark2_5_dev.host_features import (
     ends_incomplete_responses_with_their_own_event,
     final_response_is_the_streamed_items,
     flushes_stream_end,
+    keeps_length_for_cut_streamed_calls,
     streams_responses_through_parser,
 )
 from spark2_5_dev.streamed import StreamedAnswer
@@ -263,8 +264,8 @@ def test_chat_completions_at_every_cut(client, model, cuts):
     call is a call. Streamed, the call goes out as it is written and stops where
     the cut falls, with ``length``. Both agree on every closed call; vLLM 0.32
     rewrites the finish reason of a closed call cut before the end of the output to
-    ``tool_calls`` unstreamed. vLLM 0.23, whose streams never finish through the
-    parser, finishes every stream that sent a call with ``tool_calls``."""
+    ``tool_calls`` unstreamed. vLLM 0.23 to 0.25.1 finish every stream that sent a
+    call with ``tool_calls``."""
     whole = ("", [("get_weather", ARGUMENTS)])
     for max_tokens in cuts:
         finish_reason, content, calls = ask_weather(client, model, max_tokens)
@@ -273,7 +274,7 @@ def test_chat_completions_at_every_cut(client, model, cuts):
         )
         check_stream_agrees(streamed_content, streamed_calls, content, calls)
         if max_tokens < cuts[-2]:
-            marks_cut = flushes_stream_end() or not streamed_calls
+            marks_cut = keeps_length_for_cut_streamed_calls() or not streamed_calls
             assert streamed_reason == ("length" if marks_cut else "tool_calls"), max_tokens
             assert (finish_reason, calls) == ("length", [])
             assert content and REPLY.startswith(content), (max_tokens, content)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import itertools
 import json
 from typing import Any
@@ -187,8 +188,11 @@ def responses_items(parser, text: str, request) -> list:
     from vllm.entrypoints.openai.responses.utils import build_response_output_items
 
     reasoning, content, calls = parser.parse(text, request, enable_auto_tools=True)
+    # vLLM 0.24 builds the items without the request's tools.
+    takes_tools = "tools" in inspect.signature(build_response_output_items).parameters
+    tools = {"tools": request.tools} if takes_tools else {}
     return build_response_output_items(
-        reasoning=reasoning, content=content, tool_calls=calls or [], tools=request.tools
+        reasoning=reasoning, content=content, tool_calls=calls or [], **tools
     )
 
 

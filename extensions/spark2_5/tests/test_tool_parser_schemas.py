@@ -189,7 +189,8 @@ def test_a_forced_call_grammar_beyond_the_bound_is_a_400_naming_tool_size_and_li
 @pytest.mark.skipif(not constrains_forced_calls(), reason="vLLM 0.23 refuses forced calls")
 def test_a_forced_call_pins_whole_schemas_only_up_to_the_property_bound(tokenizer):
     """Beyond ``MAX_PINNED_PROPERTIES`` a pinned grammar would take seconds to compile:
-    names and keys are pinned then, as vLLM does by default."""
+    the tools go as ``strict: false`` then, on every release (vLLM 0.24 would pin
+    them whole by default)."""
     pinned = '"properties": {"p00000"'
     small = forced(tokenizer, many_properties(MAX_PINNED_PROPERTIES))
     assert pinned in small.structured_outputs.structural_tag

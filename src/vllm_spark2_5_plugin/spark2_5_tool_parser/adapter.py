@@ -78,14 +78,14 @@ def _forces_call(tool_choice: Any) -> bool:
     return choice_type == "allowed_tools" and getattr(tool_choice, "mode", None) == "required"
 
 
-def _pinned(tool: Any) -> Any:
-    """``tool`` with ``strict: true`` unless it says ``strict`` itself (Chat tools
+def _with_strict(tool: Any, strict: bool) -> Any:
+    """``tool`` with ``strict`` set unless it says ``strict`` itself (Chat tools
     carry it on ``function``, Responses tools on the tool)."""
     function = getattr(tool, "function", None)
     if function is not None and getattr(function, "strict", False) is None:
-        return tool.model_copy(update={"function": function.model_copy(update={"strict": True})})
+        return tool.model_copy(update={"function": function.model_copy(update={"strict": strict})})
     if function is None and getattr(tool, "strict", False) is None:
-        return tool.model_copy(update={"strict": True})
+        return tool.model_copy(update={"strict": strict})
     return tool
 
 
@@ -155,16 +155,14 @@ class Spark25ToolParser(ToolParser):
         # A forced call is held to each tool's schema (every required key, values of
         # their types) as if the tool said strict: true; vLLM's default pins only the
         # call's frame, so a call may come with no arguments. A tool that says
-        # strict: false keeps free arguments; "auto" stays unconstrained; tools too
-        # large to pin cheaply get vLLM's default.
+        # strict: false keeps free arguments; "auto" stays unconstrained. Tools too
+        # large to pin cheaply are sent as strict: false, so that no release pins
+        # them whole (vLLM 0.24's default for a forced call does).
         tools = compat.function_tools(request.tools)
-        if (
-            request.tools
-            and _forces_call(request.tool_choice)
-            and schema.declared_properties(tools) <= schema.MAX_PINNED_PROPERTIES
-        ):
-            pinned = [_pinned(tool) for tool in request.tools]
-            request = request.model_copy(update={"tools": pinned})
+        if request.tools and _forces_call(request.tool_choice):
+            strict = schema.declared_properties(tools) <= schema.MAX_PINNED_PROPERTIES
+            sent = [_with_strict(tool, strict) for tool in request.tools]
+            request = request.model_copy(update={"tools": sent})
         tag = super().get_structural_tag(request, **options)
         if tag is not None:  # measured as vLLM hands it to the compiler
             _as_400(schema.check_grammar_size, tools, json.dumps(tag.model_dump()))

@@ -30,6 +30,24 @@ def flushes_stream_end() -> bool:
     return hasattr(compat.tool_parser_base(), "engine_based_streaming")
 
 
+def keeps_length_for_cut_streamed_calls() -> bool:
+    """Whether a Chat stream that sent a call and was cut by ``max_tokens`` finishes
+    with ``length``: vLLM 0.31 and later write ``tool_calls`` only over a ``stop``;
+    0.23 to 0.25.1 finish every stream that sent a call with ``tool_calls``. Asked of
+    vLLM 0.33's ``resolve_finish_reason``, else read in the streaming generator."""
+    import inspect
+    import re
+
+    utils = "vllm.entrypoints.serve.utils.tool_calls_utils"
+    if _module_has(utils, "resolve_finish_reason"):
+        resolve = importlib.import_module(utils).resolve_finish_reason
+        return resolve("length", None, True) == "length"
+    serving = importlib.import_module("vllm.entrypoints.openai.chat_completion.serving")
+    source = inspect.getsource(serving.OpenAIServingChat.chat_completion_stream_generator)
+    kept = r"tools_streamed\[i\]\s+and not tool_choice_function_name\s+and output\.finish_reason"
+    return re.search(kept, source) is not None
+
+
 def streams_responses_through_parser() -> bool:
     """Whether the Responses API streams through vLLM's serving-layer parser and its
     ``SimpleStreamingEventProcessor`` (vLLM 0.32), the path the Responses tests and
