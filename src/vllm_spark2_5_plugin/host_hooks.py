@@ -81,25 +81,37 @@ def refuse_missing_cpu_kernel_ops(model: Any) -> None:
 
 
 def keep_onednn_int8_scales(model: Any) -> None:
-    """Keep alive, for each of ``model``'s int8 layers on vLLM's oneDNN CPU kernel,
-    the tensors its latest oneDNN handler was built over.
+    """Keep each of ``model``'s int8 layers on vLLM's oneDNN CPU kernel whole across
+    layerwise reloads.
 
     The kernel (``CPUInt8ScaledMMLinearKernel``, taken on x86 CPUs without AMX, where
-    vLLM's ``check_cpu_sgl_kernel`` says no) hands the handler its processed
-    ``weight_scale`` by pointer. A layerwise reload processes a layer again, copies
-    the results into the first load's tensors and drops the new ones: the new
-    handler then reads freed memory (NaN logits, seen on vLLM 0.32). Kept here
-    until the next reload of the layer replaces them. The AMX path and GPTQ's
-    CPU kernel compute with the layer's tensors and need none of this; neither
-    does any layer on a GPU, whose kernels have no such method.
+    vLLM's ``check_cpu_sgl_kernel`` says no) hands its oneDNN handler the processed
+    ``weight_scale`` by pointer and sets ``weight`` to None (the handler holds the
+    packed weight). A layerwise reload then breaks the layer two ways: a reload of it
+    copies the new results into the first load's tensors and drops the new ones, so
+    the new handler reads freed memory (NaN logits, seen on vLLM 0.32); a reload
+    that leaves it out restores only its non-None parameters, so ``weight`` is gone
+    and its next forward raises ``AttributeError``. Here the handler's inputs are
+    kept until the next reload of the layer replaces them, and ``weight`` stays an
+    empty parameter. The AMX path and GPTQ's CPU kernel compute with the layer's
+    tensors and need none of this; neither does any layer on a GPU, whose kernels
+    have no such method.
     """
+    import torch
+
     for _, _, kernel in _quantized_kernels(model):
         build = getattr(kernel, "process_weights_for_onednn", None)
         if build is None or getattr(build, "keeps_inputs", False):
             continue
+        weight_name = kernel.layer_param_names[0]
 
-        def build_and_keep(layer: Any, build: Callable[[Any], None] = build) -> None:
+        def build_and_keep(
+            layer: Any, build: Callable[[Any], None] = build, weight_name: str = weight_name
+        ) -> None:
             build(layer)
+            if getattr(layer, weight_name, None) is None:
+                empty = torch.empty(0, dtype=torch.int8)
+                setattr(layer, weight_name, torch.nn.Parameter(empty, requires_grad=False))
             layer.spark2_5_onednn_inputs = tuple(layer.parameters(recurse=False))
 
         build_and_keep.keeps_inputs = True  # type: ignore[attr-defined]

@@ -42,8 +42,10 @@ def test_where_vllm_reads_the_parameters_direct_pushes_serve_the_pushed_weights(
     measured, case, step
 ):
     """Greedy tokens equal to the reference on the weights the step's name says (a or
-    b); the stand-in really computes from the parameters (vLLM packed none away)."""
+    b); the stand-in really computes from the parameters (vLLM packed none away) and
+    without the CPU's finite keys/values guard."""
     assert measured["direct"][case]["nothing_packed"] is True
+    assert measured["direct"][case]["finite_guard"] is False
     assert_matches_reference(measured["direct"][case][step])
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
 from spark2_5_dev.model_building import build_model, checkpoint_tensors, vllm_model_env
+from spark2_5_dev.weight_updates import cpu_paths, kernel_path
 from vllm_spark2_5_plugin import host_hooks
 from vllm_spark2_5_plugin.spark2_5_checkpoint import Spark2_5CheckpointError
 from vllm_spark2_5_plugin.spark2_5_loading import RefusedUpdate
@@ -249,3 +250,59 @@ def test_an_index_naming_a_missing_file_leaves_the_folder_unchecked(tmp_path):
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     assert described_tensors(tmp_path) is None
     assert described_tensors(None) is None
+
+
+@pytest.fixture(scope="module")
+def w8a8_checkpoints(tmp_path_factory: pytest.TempPathFactory):
+    from spark2_5_dev import quantize
+    from spark2_5_dev.fixture import FIXTURE_CONFIG_OVERRIDES
+
+    root = tmp_path_factory.mktemp("w8a8")
+    return [
+        quantize.quantize_checkpoint(
+            build_spark2_5_checkpoint(
+                root / f"float-{seed}", seed=seed, **FIXTURE_CONFIG_OVERRIDES
+            ),
+            root / f"w8a8-{seed}",
+            quantize.W8A8_INT8,
+        )
+        for seed in (3, 4)
+    ]
+
+
+@pytest.mark.parametrize("cpu_path", cpu_paths())
+@pytest.mark.parametrize("pushed", ["the layer's weight alone", "another layer"])
+def test_a_quantized_layer_an_update_leaves_whole_computes_as_before(
+    w8a8_checkpoints, caplog, pushed, cpu_path
+):
+    """vLLM would finish a layer pushed without its scales with uninitialised ones,
+    and on its oneDNN kernel (no AMX) a layer an update leaves out loses its weight
+    attribute: the carrier holds the lone weight back and keeps the layer whole."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import (
+        finalize_layerwise_reload,
+        initialize_layerwise_reload,
+        record_metadata_for_reloading,
+    )
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    from spark2_5_dev.model_building import build_model_and_config
+
+    first, other = w8a8_checkpoints
+    with kernel_path(cpu_path):  # vLLM picks the int8 kernel when it processes a layer
+        model, vllm_config = build_model_and_config(first, dtype="bfloat16")
+        record_metadata_for_reloading(model)
+        model.load_weights(iter(checkpoint_tensors(first).items()))
+        process_weights_after_loading(model, vllm_config.model_config, torch.device("cpu"))
+    layer = model.model.layers[0].mlp.down_proj
+    x = torch.randn(3, model.config.intermediate_size, dtype=torch.bfloat16)
+    weight = "model.layers.0.mlp.down_proj.weight"
+    name = weight if pushed == "the layer's weight alone" else "model.norm.weight"
+    with set_current_vllm_config(vllm_config), kernel_path(cpu_path):
+        before = layer(x)[0]
+        initialize_layerwise_reload(model)
+        model.load_weights([(name, checkpoint_tensors(other)[name])])
+        finalize_layerwise_reload(model, vllm_config.model_config)
+        assert torch.equal(layer(x)[0], before)
+    if name == weight:
+        assert f"model.layers.0.mlp.down_proj (pushed only {weight})" in caplog.text

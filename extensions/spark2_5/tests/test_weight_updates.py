@@ -226,10 +226,11 @@ def test_the_no_amx_path_runs_vllms_onednn_int8_kernel(measured):
 def test_the_documented_trainer_loop_changes_the_output(tmp_path):
     """The doc's example as a user runs it: its own engine process (vLLM's default),
     three pushes, each changing the greedy continuation."""
-    example = re.search(r"```python\n(.*?)```", DOC.read_text(), re.DOTALL)
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.DOTALL)
+    example = next((block for block in blocks if "def main(" in block), None)
     assert example, DOC
     script = tmp_path / "rl_loop.py"
-    script.write_text(example.group(1))
+    script.write_text(example)
     checkpoint = build_spark2_5_checkpoint(tmp_path / "model", seed=8)
     env = {**os.environ, **ENGINE_ENV}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")

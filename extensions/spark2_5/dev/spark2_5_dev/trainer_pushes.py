@@ -1,7 +1,8 @@
 """Weight pushes as RL trainers send them, on real vLLM (CPU), against the reference.
 
 :func:`run_direct` stands in a platform whose kernels read the parameters (a GPU):
-vLLM's CPU linears take vLLM's own unpacked path and the carrier is told so. On it,
+vLLM's CPU linears take vLLM's own unpacked path, and the carrier decides its host
+work as there (no head re-copy, no finite keys/values guard). On it,
 the calls TRL, OpenRLHF and verl make in their worker extensions
 (``model.load_weights`` on the worker's model, outside any update session):
 one tensor per call as ``named_parameters()`` gives them (TRL), one per call as a
@@ -37,10 +38,11 @@ BUCKET = 4  # tensors per load_weights call
 SENDER_TIMEOUT = timedelta(seconds=120)
 
 
-def read_the_parameters() -> None:
+def stand_in_a_gpu_host() -> None:
     """Make this process's vLLM compute its linears from their parameters (its own
-    path for CPUs whose kernel library has neither oneDNN nor its SGL kernel) and
-    tell the carrier so, as on a GPU; before the engine is built."""
+    path for CPUs whose kernel library has neither oneDNN nor its SGL kernel), and
+    let the carrier decide its host-specific work as on a GPU: no second copy of the
+    weights, no finite keys/values guard; before the engine is built."""
     from vllm import _custom_ops
     from vllm.model_executor.layers import utils
 
@@ -49,6 +51,7 @@ def read_the_parameters() -> None:
     _custom_ops._supports_onednn = False
     utils.check_cpu_sgl_kernel = lambda *_: False
     compat.linears_compute_with_copies = lambda: False
+    compat.attention_reads_stale_kv_slots = lambda: False
 
 
 def _engine(path: Path, **settings: Any) -> Any:
@@ -78,6 +81,9 @@ def _direct_steps(served: Served, tensors: dict[str, dict], tied: bool) -> dict[
     steps["a_first_load"] = served.generate()
     steps["nothing_packed"] = llm.apply_model(
         lambda model: all(param.numel() for param in model.parameters())
+    )[0]
+    steps["finite_guard"] = llm.apply_model(
+        lambda model: model.model.layers[0].self_attn.finite_kv_only
     )[0]
     # TRL: model.named_parameters() of the trainer's model, one per call (a tied
     # head is one parameter there, so it is not sent twice).
@@ -112,7 +118,7 @@ def run_direct(workdir: Path) -> dict[str, Any]:
     """Each case of ``weight_updates.CASES`` on an engine that reads its parameters."""
     from spark2_5_dev.reference import Spark2_5Reference, checkpoint_tensors
 
-    read_the_parameters()
+    stand_in_a_gpu_host()
     results = {}
     for case in CASES:
         paths = _checkpoint_pair(case, workdir / "direct" / case.name)
