@@ -31,7 +31,14 @@ from typing import Any
 
 from spark2_5_dev.drivers import driver_main
 from spark2_5_dev.parity import MAX_MODEL_LEN, _compare_fp32, prompts
-from spark2_5_dev.weight_updates import CASES, WRONG_SHAPE, Served, _checkpoint_pair, _error_of
+from spark2_5_dev.weight_updates import (
+    CASES,
+    WRONG_SHAPE,
+    Served,
+    _checkpoint_pair,
+    _error_of,
+    layerwise_engine_base,
+)
 
 GLOO_BACKEND = "spark2_5_dev_gloo"
 BUCKET = 4  # tensors per load_weights call
@@ -186,15 +193,10 @@ def register_gloo_transfer() -> None:
 
     import torch
     from vllm.distributed.weight_transfer.base import (
-        WeightTransferEngine,
         WeightTransferInitInfo,
         WeightTransferUpdateInfo,
     )
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
-    from vllm.model_executor.model_loader.reload import (
-        finalize_layerwise_reload,
-        initialize_layerwise_reload,
-    )
 
     if GLOO_BACKEND in WeightTransferEngineFactory._registry:
         return
@@ -210,22 +212,13 @@ def register_gloo_transfer() -> None:
         dtype_names: list[str]
         shapes: list[list[int]]
 
-    class GlooWeightTransfer(WeightTransferEngine):
+    class GlooWeightTransfer(layerwise_engine_base()):
         init_info_cls = GlooInitInfo
         update_info_cls = GlooUpdateInfo
         group: Any = None
 
         def init_transfer_engine(self, init_info: GlooInitInfo) -> None:
             self.group = _gloo_group(Rendezvous(init_info.host, init_info.port), rank=1)
-
-        def start_weight_update(self) -> None:
-            initialize_layerwise_reload(self.model)
-
-        def finish_weight_update(self) -> None:
-            finalize_layerwise_reload(self.model, self.model_config)
-
-        def update_weights(self, update_info: dict[str, Any]) -> None:
-            self.receive_weights(self.parse_update_info(update_info))  # CPU: nothing to sync
 
         def receive_weights(self, update_info: GlooUpdateInfo) -> None:
             metadata = list(
@@ -238,9 +231,6 @@ def register_gloo_transfer() -> None:
                     broadcast(self.group, tensor)
                     bucket.append((name, tensor))
                 self.model.load_weights(bucket)
-
-        def shutdown(self) -> None:
-            self.group = None
 
     WeightTransferEngineFactory.register_engine(GLOO_BACKEND, GlooWeightTransfer)
 

@@ -77,6 +77,37 @@ def engines_own_the_session() -> bool:
     return hasattr(WeightTransferEngine, "start_weight_update")
 
 
+def layerwise_engine_base() -> type:
+    """A vLLM ``WeightTransferEngine`` that runs one layerwise reload per update, as
+    vLLM's NCCL engine does, for CPU stand-ins that only say how tensors arrive
+    (``receive_weights``)."""
+    from vllm.distributed.weight_transfer.base import WeightTransferEngine
+    from vllm.model_executor.model_loader.reload import (
+        finalize_layerwise_reload,
+        initialize_layerwise_reload,
+    )
+
+    class LayerwiseTestEngine(WeightTransferEngine):
+        def start_weight_update(self) -> None:
+            initialize_layerwise_reload(self.model)
+
+        def finish_weight_update(self) -> None:
+            finalize_layerwise_reload(self.model, self.model_config)
+
+        def update_weights(self, update_info: dict[str, Any]) -> None:
+            self.receive_weights(self.parse_update_info(update_info))  # CPU: nothing to sync
+
+        @staticmethod
+        def trainer_send_weights(iterator: Any, trainer_args: Any) -> None:
+            """Abstract in vLLM 0.25's base class; these tests' trainers are their own."""
+            raise NotImplementedError
+
+        def shutdown(self) -> None:
+            pass
+
+    return LayerwiseTestEngine
+
+
 def register_in_memory_transfer() -> None:
     """Register :class:`InMemoryWeightTransfer` with vLLM's weight-transfer factory
     (once per process; the in-process engine's worker looks it up there)."""
@@ -84,15 +115,10 @@ def register_in_memory_transfer() -> None:
 
     import torch
     from vllm.distributed.weight_transfer.base import (
-        WeightTransferEngine,
         WeightTransferInitInfo,
         WeightTransferUpdateInfo,
     )
     from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
-    from vllm.model_executor.model_loader.reload import (
-        finalize_layerwise_reload,
-        initialize_layerwise_reload,
-    )
 
     if IN_MEMORY_BACKEND in WeightTransferEngineFactory._registry:
         return
@@ -107,7 +133,7 @@ def register_in_memory_transfer() -> None:
         tensors: list[torch.Tensor]
         per_tensor: bool = True
 
-    class InMemoryWeightTransfer(WeightTransferEngine):
+    class InMemoryWeightTransfer(layerwise_engine_base()):
         """The NCCL engine's worker side without NCCL: the "received" tensors come in
         the update info; each goes to ``load_weights`` alone (``per_tensor``) or with
         its bucket, inside one layerwise reload per update."""
@@ -118,15 +144,6 @@ def register_in_memory_transfer() -> None:
         def init_transfer_engine(self, init_info: InMemoryInitInfo) -> None:
             pass
 
-        def start_weight_update(self) -> None:
-            initialize_layerwise_reload(self.model)
-
-        def finish_weight_update(self) -> None:
-            finalize_layerwise_reload(self.model, self.model_config)
-
-        def update_weights(self, update_info: dict[str, Any]) -> None:
-            self.receive_weights(self.parse_update_info(update_info))  # CPU: nothing to sync
-
         def receive_weights(self, update_info: InMemoryUpdateInfo) -> None:
             pairs = list(zip(update_info.names, update_info.tensors, strict=True))
             if update_info.per_tensor:
@@ -134,9 +151,6 @@ def register_in_memory_transfer() -> None:
                     self.model.load_weights([pair])
             else:
                 self.model.load_weights(pairs)
-
-        def shutdown(self) -> None:
-            pass
 
     WeightTransferEngineFactory.register_engine(IN_MEMORY_BACKEND, InMemoryWeightTransfer)
 
