@@ -264,7 +264,7 @@ def test_chat_completions_at_every_cut(client, model, cuts):
     call is a call. Streamed, the call goes out as it is written and stops where
     the cut falls, with ``length``. Both agree on every closed call; vLLM 0.32
     rewrites the finish reason of a closed call cut before the end of the output to
-    ``tool_calls`` unstreamed. vLLM 0.23 to 0.25.1 finish every stream that sent a
+    ``tool_calls`` unstreamed. vLLM 0.23 to 0.30 finish every stream that sent a
     call with ``tool_calls``."""
     whole = ("", [("get_weather", ARGUMENTS)])
     for max_tokens in cuts:

@@ -33,7 +33,7 @@ def flushes_stream_end() -> bool:
 def keeps_length_for_cut_streamed_calls() -> bool:
     """Whether a Chat stream that sent a call and was cut by ``max_tokens`` finishes
     with ``length``: vLLM 0.31 and later write ``tool_calls`` only over a ``stop``;
-    0.23 to 0.25.1 finish every stream that sent a call with ``tool_calls``. Asked of
+    0.23 to 0.30 finish every stream that sent a call with ``tool_calls``. Asked of
     vLLM 0.33's ``resolve_finish_reason``, else read in the streaming generator."""
     import inspect
     import re
