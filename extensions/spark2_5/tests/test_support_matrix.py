@@ -38,11 +38,14 @@ def public(host: str) -> str:
     return Version(host).public
 
 
-def test_every_minor_release_from_0_23_to_0_33_has_one_row():
+def test_every_minor_release_from_0_23_on_has_one_row():
+    """One row per minor from 0.23 to the newest checked, 0.33 at least: a newer
+    release gets a row once it is out, run or not."""
     rows = matrix_rows()
     assert [status for _, status, _, _ in rows if status not in STATUSES] == []
     minors = [Version(version).release[:2] for version, _, _, _ in rows]
-    assert minors == [(0, minor) for minor in range(23, 34)]
+    assert minors == [(0, minor) for minor in range(23, 23 + len(minors))]
+    assert (0, 33) in minors
 
 
 def test_run_rows_name_a_date_and_what_ran():
