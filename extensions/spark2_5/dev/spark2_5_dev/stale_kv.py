@@ -5,9 +5,11 @@ Why the carrier writes only finite keys and values on vLLM's CPU build
 random in-tree ``LlamaForCausalLM`` serves a plain prompt, then a request through
 a LoRA adapter whose ``v_proj`` update is NaN (vLLM loads such an adapter for
 in-tree models), then the plain prompt again, in one engine without prefix
-caching, so the second plain request reuses the blocks the adapter's request
-filled. Where the attention reads the unused slots of a reused block with weight
-zero, 0 x NaN = NaN and the plain prompt's tokens change: ``"changed": true``.
+caching whose KV cache holds one full-length request: the adapter's request
+fills every block, so the second plain request reuses them whatever order vLLM
+hands free blocks out in (0.23.0 and 0.27.1 hand out unused ones first). Where
+the attention reads the unused slots of a reused block with weight zero,
+0 x NaN = NaN and the plain prompt's tokens change: ``"changed": true``.
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ from spark2_5_dev.checkpoints import build_llama_checkpoint, read_config
 from spark2_5_dev.drivers import driver_main
 
 PLAIN = [5, 17, 29, 41]
-# Long enough to fill several 16-token blocks, which the plain prompt then reuses.
-POISONING = list(range(3, 3 + 120))
+MAX_MODEL_LEN = 256
+OUTPUT_TOKENS = 16
+# With its output, as long as the engine allows: it fills every block of the cache.
+POISONING = list(range(3, 3 + MAX_MODEL_LEN - OUTPUT_TOKENS))
 RANK = 8
+# vLLM's CPU block size; two hold one full-length request, plus the null block.
+BLOCK_SIZE = 128
+BLOCKS = MAX_MODEL_LEN // BLOCK_SIZE + 1
 
 
 def write_nan_adapter(model: Path, path: Path) -> Path:
@@ -61,13 +68,15 @@ def run(workdir: Path) -> dict[str, Any]:
     llm = LLM(
         str(model),
         dtype="float32",
-        max_model_len=256,
+        max_model_len=MAX_MODEL_LEN,
         enforce_eager=True,
         enable_lora=True,
         max_lora_rank=RANK,
         enable_prefix_caching=False,
+        block_size=BLOCK_SIZE,
+        num_gpu_blocks_override=BLOCKS,
     )
-    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=OUTPUT_TOKENS, ignore_eos=True)
 
     def generate(prompt: list[int], lora: Any = None) -> list[int]:
         (output,) = llm.generate(
