@@ -196,13 +196,17 @@ class Spark2_5Attention(nn.Module):
             k, v = _finite(k), _finite(v)
         attn_output = self.attn(q, k, v)
         if self.g_proj is not None:
-            gate, _ = self.g_proj(hidden_states)
-            # Gate math in fp32 as in the reference, on one fp32 copy scaled in place.
-            heads = attn_output.view(-1, self.num_heads, self.head_dim).float()
-            heads.mul_(self.gate_act(gate.float()).unsqueeze(-1))
-            attn_output = heads.view_as(attn_output).to(attn_output.dtype)
+            attn_output = self.gate_heads(attn_output, hidden_states)
         output, _ = self.out_proj(attn_output)
         return output
+
+    def gate_heads(self, attn_output: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Each head's output times ``act(g_proj(hidden_states))`` for that head."""
+        gate, _ = self.g_proj(hidden_states)
+        # Gate math in fp32 as in the reference, on one fp32 copy scaled in place.
+        heads = attn_output.view(-1, self.num_heads, self.head_dim).float()
+        heads.mul_(self.gate_act(gate.float()).unsqueeze(-1))
+        return heads.view_as(attn_output).to(attn_output.dtype)
 
 
 def _rope_positions(vllm_config: VllmConfig) -> int:

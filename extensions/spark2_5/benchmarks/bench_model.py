@@ -27,7 +27,12 @@ reproduced on the carrier itself, in the measuring process only, by making its
 RoPE constructor receive ``max_position_embeddings`` instead of
 ``max_model_len``; the rest of the model is unchanged.
 
-    python extensions/spark2_5/benchmarks/bench_model.py [--quick] [--out PATH.json]
+``--dims 4b-layers`` times four of the Spark-X2.5-4B's own layers instead (hidden
+2560, 16 heads of 256, 4 KV heads, intermediate 10240, vocab 16,384): decoding one
+request and sixteen, and prefilling prompts past its 512-token window.
+
+    python extensions/spark2_5/benchmarks/bench_model.py [--quick] [--dims 4b-layers] \
+        [--out PATH.json]
 """
 
 from __future__ import annotations
@@ -44,7 +49,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from common import CPU_ENGINE_ENV, SMALL_SPARK_DIMS, Record, base_parser, spread, table
+from common import (
+    CPU_ENGINE_ENV,
+    FOUR_B_LAYER_DIMS,
+    SMALL_SPARK_DIMS,
+    Record,
+    base_parser,
+    spread,
+    table,
+)
 
 MEMORY_DIMS = {
     "hidden_size": 256,
@@ -61,6 +74,7 @@ RATIOS = (
     ("spark2_5", "llama"),
     (GELU_LLAMA, "llama"),
 )
+THROUGHPUT_DIMS = {"small": SMALL_SPARK_DIMS, "4b-layers": FOUR_B_LAYER_DIMS}
 ONE_MEBI_POSITIONS = 1_048_576
 EIGHT_KIBI_POSITIONS = 8_192
 MEMORY_MAX_MODEL_LEN = 4096
@@ -79,11 +93,13 @@ class Scenario:
     max_model_len: int
 
     @classmethod
-    def for_mode(cls, quick: bool) -> list[Scenario]:
-        layers = SMALL_SPARK_DIMS["num_hidden_layers"]
+    def for_mode(cls, quick: bool, dims: str) -> list[Scenario]:
+        layers = THROUGHPUT_DIMS[dims]["num_hidden_layers"]
         hybrid = [
             "full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(layers)
         ]
+        if dims == "4b-layers":
+            return cls._at_4b_layer_dims(hybrid, quick)
         sliding_heavy = ["sliding_attention"] * (layers - 1) + ["full_attention"]
         return [
             cls(
@@ -103,6 +119,24 @@ class Scenario:
                 # Four windows long: most keys fall outside the sliding layers' window.
                 prompt_len=512,
                 output_len=32,
+                max_model_len=2048,
+            ),
+        ]
+
+    @classmethod
+    def _at_4b_layer_dims(cls, hybrid: list[str], quick: bool) -> list[Scenario]:
+        """Decode one request and a batch, and prefill past the 4B's 512-token window."""
+        decode = {"prompt_len": 64, "output_len": 16 if quick else 64, "max_model_len": 1024}
+        return [
+            cls("decode, batch 1, 4B layers (3 sliding : 1 full)", hybrid, 512, batch=1, **decode),
+            cls("decode, batch 16, 4B layers", hybrid, 512, batch=16, **decode),
+            cls(
+                "prefill, 4 prompts of 1024 tokens (1 output token), 4B layers",
+                hybrid,
+                512,
+                batch=4,
+                prompt_len=1024,
+                output_len=1,
                 max_model_len=2048,
             ),
         ]
@@ -286,13 +320,13 @@ def _prompts(batch: int, length: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(*PROMPT_TOKEN_RANGE) for _ in range(length)] for _ in range(batch)]
 
 
-def _build_models(workdir: Path, scenario: Scenario) -> dict[str, Path]:
+def _build_models(workdir: Path, scenario: Scenario, dims: dict[str, int]) -> dict[str, Path]:
     from spark2_5_dev.checkpoints import (
         build_llama_checkpoint,
         build_spark2_5_checkpoint,
     )
 
-    shared = {**SMALL_SPARK_DIMS, "layer_types": scenario.layer_types}
+    shared = {**dims, "layer_types": scenario.layer_types}
     # Untied like the Llama builder writes it; tying changes memory, not work.
     paths = {
         "spark2_5": build_spark2_5_checkpoint(
@@ -310,7 +344,13 @@ def _build_models(workdir: Path, scenario: Scenario) -> dict[str, Path]:
 
 
 def run_throughput(
-    scenario: Scenario, rounds: int, runs: int, dtype: str, threads: int, enforce_eager: bool
+    scenario: Scenario,
+    dims: dict[str, int],
+    rounds: int,
+    runs: int,
+    dtype: str,
+    threads: int,
+    enforce_eager: bool,
 ) -> dict[str, Any]:
     print(f"\n== throughput: {scenario.name}", flush=True)
     names = ("spark2_5", GELU_LLAMA, "llama")
@@ -323,7 +363,7 @@ def run_throughput(
     # One extra run per model, in round 1, under torch.profiler: where the time goes.
     op_profiles: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp:
-        paths = _build_models(Path(tmp), scenario)
+        paths = _build_models(Path(tmp), scenario, dims)
         common = {
             "max_model_len": scenario.max_model_len,
             "dtype": dtype,
@@ -488,6 +528,12 @@ def main() -> int:
         action="store_true",
         help="throughput in vLLM's default execution mode (torch.compile) instead of eager",
     )
+    parser.add_argument(
+        "--dims",
+        choices=tuple(THROUGHPUT_DIMS),
+        default="small",
+        help="throughput models: small (seconds per run) or four of the 4B's own layers",
+    )
     args = parser.parse_args()
     rounds = args.rounds or (3 if args.quick else 8)
     runs = args.runs or (1 if args.quick else 2)
@@ -500,8 +546,10 @@ def main() -> int:
             "rounds": rounds,
             "runs_per_engine": runs,
             "memory_repeats": memory_repeats,
-            "throughput_dims": SMALL_SPARK_DIMS,
-            "vocab_size": "320 (the tiny tokenizer's checkpoints, both models)",
+            "throughput_dims": THROUGHPUT_DIMS[args.dims],
+            "vocab_size": THROUGHPUT_DIMS[args.dims].get(
+                "vocab_size", "320 (the tiny tokenizer's checkpoints, both models)"
+            ),
             "baselines": "in-tree LlamaForCausalLM, identical dims, layer_types and window, "
             "no output gate, one RoPE: stock (SiLU MLP) and with exact GELU in its MLP",
             "engine": "offline LLM.generate, in-process engine, VLLM_CPU_KVCACHE_SPACE=1; "
@@ -515,8 +563,16 @@ def main() -> int:
     results = record.data["results"]
     if args.only in (None, "throughput"):
         results["throughput"] = [
-            run_throughput(scenario, rounds, runs, args.dtype, args.threads, not args.compiled)
-            for scenario in Scenario.for_mode(args.quick)
+            run_throughput(
+                scenario,
+                THROUGHPUT_DIMS[args.dims],
+                rounds,
+                runs,
+                args.dtype,
+                args.threads,
+                not args.compiled,
+            )
+            for scenario in Scenario.for_mode(args.quick, args.dims)
         ]
     if args.only in (None, "memory"):
         results["memory"] = run_memory(memory_repeats, args.dtype, args.threads)
@@ -559,6 +615,7 @@ def print_report(results: dict[str, Any]) -> None:
             for pair, ratios in item["ratios"].items()
         ]
         print(table(("scenario", "ratio", CLOCKS["wall"], CLOCKS["cpu"]), rows))
+        print_ratio_spread(results["throughput"])
         for item in results["throughput"]:
             print_op_profile(item["scenario"]["name"], item["op_self_cpu_ms"])
     if "memory" in results:
@@ -590,6 +647,24 @@ def print_report(results: dict[str, Any]) -> None:
                 rows,
             )
         )
+
+
+def print_ratio_spread(throughput: list[dict[str, Any]]) -> None:
+    """How far one round's ratio strays: the resolution of the medians above."""
+    rows = [
+        (
+            item["scenario"]["name"],
+            pair,
+            *(
+                "{min:.3f}-{max:.3f}".format(**ratios[clock]["same_round"])
+                for clock in ("wall", "cpu")
+            ),
+        )
+        for item in throughput
+        for pair, ratios in item["ratios"].items()
+    ]
+    print("\nSame-round ratios, min-max:")
+    print(table(("scenario", "ratio", CLOCKS["wall"], CLOCKS["cpu"]), rows))
 
 
 def print_op_profile(scenario: str, profiles: dict[str, dict[str, Any]]) -> None:

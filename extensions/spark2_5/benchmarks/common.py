@@ -45,6 +45,17 @@ SMALL_SPARK_DIMS = {
     "head_dim": 256,
     "intermediate_size": 2048,
 }
+# The Spark-X2.5-4B's own layer dimensions, four layers of them (one full to three
+# sliding, as in the 4B), over a 16,384-token vocabulary: the size users run, per layer.
+FOUR_B_LAYER_DIMS = {
+    "hidden_size": 2560,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "intermediate_size": 10240,
+    "vocab_size": 16384,
+}
 
 
 def base_parser(description: str) -> argparse.ArgumentParser:

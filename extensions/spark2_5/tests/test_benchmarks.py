@@ -21,6 +21,7 @@ SCRIPTS = (
     "bench_serving.py",
     "bench_weight_updates.py",
     "bench_streaming.py",
+    "bench_layer_ops.py",
 )
 
 

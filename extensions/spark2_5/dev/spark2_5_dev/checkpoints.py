@@ -83,6 +83,7 @@ def build_llama_checkpoint(
     num_attention_heads: int = 2,
     num_key_value_heads: int = 1,
     intermediate_size: int = 128,
+    vocab_size: int = TINY_VOCAB_SIZE,
     **config_overrides: Any,
 ) -> Path:
     """A random in-tree ``LlamaForCausalLM`` (head_dim >= 32 for CPU attention)."""
@@ -94,7 +95,7 @@ def build_llama_checkpoint(
     config = LlamaConfig(
         # Without it vLLM resolves the pooling LlamaModel, not the causal LM.
         architectures=["LlamaForCausalLM"],
-        vocab_size=TINY_VOCAB_SIZE,
+        vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_hidden_layers,
