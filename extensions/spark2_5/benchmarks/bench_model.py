@@ -196,8 +196,8 @@ def run_throughput(
                 if index == 0:
                     op_profiles[name] = sample["profile"]
                 print(
-                    f"  round {index + 1}: {name:26s} {sample['wall']:8.1f} output tok/s "
-                    f"({sample['cpu']:8.1f} per CPU second)",
+                    f"  round {index + 1}: {name:26s} {sample['wall']:8.3g} output tok/s "
+                    f"({sample['cpu']:8.3g} per CPU second)",
                     flush=True,
                 )
     return {
@@ -352,6 +352,11 @@ def _parse_args() -> argparse.Namespace:
         help="throughput in vLLM's default execution mode (torch.compile) instead of eager",
     )
     parser.add_argument(
+        "--scenario",
+        metavar="TEXT",
+        help="throughput: only the scenarios whose name contains TEXT (e.g. prefill)",
+    )
+    parser.add_argument(
         "--dims",
         choices=tuple(THROUGHPUT_DIMS),
         default="small",
@@ -400,6 +405,7 @@ def main() -> int:
                 scenario, THROUGHPUT_DIMS[args.dims], args.rounds, args.runs, engine_settings
             )
             for scenario in Scenario.for_mode(args.quick, args.dims)
+            if args.scenario is None or args.scenario in scenario.name
         ]
     if args.only in (None, "memory"):
         results["memory"] = run_memory(args.memory_repeats, args.dtype, args.threads)

@@ -21,7 +21,7 @@ def print_report(results: dict[str, Any]) -> None:
                             item["scenario"]["name"],
                             CLOCKS[clock],
                             name,
-                            f"{rate['median']:.1f} ({rate['min']:.0f}-{rate['max']:.0f})",
+                            f"{rate['median']:.3g} ({rate['min']:.3g}-{rate['max']:.3g})",
                         )
                     )
         print(table(("scenario", "clock", "model", "output tok/s"), rows))
