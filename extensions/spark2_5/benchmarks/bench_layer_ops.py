@@ -40,7 +40,8 @@ from common import (
 
 PROJECTIONS = ("q_k_v_proj", "out_proj", "gate_up_proj", "down_proj")
 ADDITIONS = ("g_proj", "gate_heads (g_proj + gate math)", "finite keys/values guard")
-TOKEN_ROWS = (1, 16, 1024)
+# Decode of one request and of 16; a 1,024-token prompt; the prefill of bench_model.py.
+TOKEN_ROWS = (1, 16, 1024, 4096)
 # Calls per sample: enough process CPU time per sample to dwarf the clock's tick.
 CALL_BUDGET_ROWS = 4096
 
