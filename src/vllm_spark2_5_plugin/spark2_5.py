@@ -67,6 +67,8 @@ logger = logging.getLogger("vllm.spark2_5_plugin")
 
 _GATE_ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": F.silu}
 _finite = partial(torch.nan_to_num, nan=0.0, posinf=0.0, neginf=0.0)
+# Token rows per block of eager CPU gate math: 2 MiB of fp32 at the 4B's 16 heads of 256.
+GATE_BLOCK_ROWS = 128
 
 
 class Spark2_5MLP(nn.Module):
@@ -161,6 +163,7 @@ class Spark2_5Attention(nn.Module):
             else None
         )
         self.gate_act = _GATE_ACTIVATIONS[config.gate_attn_act_mode]
+        self.gate_block_rows = GATE_BLOCK_ROWS if compat.gate_math_in_row_blocks() else None
         self.out_proj = RowParallelLinear(
             self.total_num_heads * self.head_dim,
             config.hidden_size,
@@ -201,12 +204,19 @@ class Spark2_5Attention(nn.Module):
         return output
 
     def gate_heads(self, attn_output: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Each head's output times ``act(g_proj(hidden_states))`` for that head."""
+        """Each head's output times ``act(g_proj(hidden_states))`` for that head, in
+        fp32 as in the reference, rounded once to the output's dtype."""
         gate, _ = self.g_proj(hidden_states)
-        # Gate math in fp32 as in the reference, on one fp32 copy scaled in place.
-        heads = attn_output.view(-1, self.num_heads, self.head_dim).float()
-        heads.mul_(self.gate_act(gate.float()).unsqueeze(-1))
-        return heads.view_as(attn_output).to(attn_output.dtype)
+        gate = self.gate_act(gate.float()).unsqueeze(-1)
+        heads = attn_output.view(-1, self.num_heads, self.head_dim)
+        if self.gate_block_rows is None or torch.compiler.is_compiling():
+            # One fp32 copy scaled in place; compiled, Inductor fuses it into one loop.
+            return heads.float().mul_(gate).view_as(attn_output).to(attn_output.dtype)
+        # Eager on CPU: a block's fp32 copy at a time, written back into the output.
+        rows = self.gate_block_rows
+        for block, block_gate in zip(heads.split(rows), gate.split(rows), strict=True):
+            block.copy_(block.float().mul_(block_gate))
+        return attn_output
 
 
 def _rope_positions(vllm_config: VllmConfig) -> int:

@@ -24,17 +24,24 @@ the QKV GEMM) before the end-to-end ratio of ``bench_model.py --dims 4b-layers``
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from common import CPU_ENGINE_ENV, FOUR_B_LAYER_DIMS, Record, base_parser, spread, table
+from common import (
+    FOUR_B_LAYER_DIMS,
+    Record,
+    base_parser,
+    spread,
+    table,
+    use_in_process_engine,
+)
 
 PROJECTIONS = ("q_k_v_proj", "out_proj", "gate_up_proj", "down_proj")
 ADDITIONS = ("g_proj", "gate_heads (g_proj + gate math)", "finite keys/values guard")
-TOKEN_ROWS = (1, 16, 1024)
+# Decode of one request and of 16; a 1,024-token prompt; the prefill of bench_model.py.
+TOKEN_ROWS = (1, 16, 1024, 4096)
 # Calls per sample: enough process CPU time per sample to dwarf the clock's tick.
 CALL_BUDGET_ROWS = 4096
 
@@ -65,9 +72,6 @@ def _op_calls(model: Any, rows: int) -> dict[str, Any]:
 
 def _measure(model: Any, rows_list: list[int], rounds: int) -> dict[str, Any]:
     """Per token-row count and op: microseconds per call, one sample per round."""
-    import torch
-
-    torch.set_num_threads(1)
     results: dict[str, Any] = {}
     for rows in rows_list:
         calls = _op_calls(model, rows)
@@ -87,9 +91,7 @@ def _measure(model: Any, rows_list: list[int], rounds: int) -> dict[str, Any]:
 
 
 def run(rounds: int, rows_list: list[int]) -> dict[str, Any]:
-    os.environ.update(CPU_ENGINE_ENV)
-    os.environ.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "SPARK2_5_PLUGIN_ENABLE": "1"})
-    os.environ["OMP_NUM_THREADS"] = "1"
+    use_in_process_engine(threads=1)
     from vllm import LLM
 
     from spark2_5_dev.checkpoints import build_spark2_5_checkpoint

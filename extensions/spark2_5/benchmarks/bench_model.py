@@ -37,27 +37,18 @@ request and sixteen, and prefilling prompts past its 512-token window.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
+import argparse
 import random
-import resource
 import statistics
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from common import (
-    CPU_ENGINE_ENV,
-    FOUR_B_LAYER_DIMS,
-    SMALL_SPARK_DIMS,
-    Record,
-    base_parser,
-    spread,
-    table,
-)
+from common import FOUR_B_LAYER_DIMS, SMALL_SPARK_DIMS, Record, base_parser, spread
+from model_engine import Engine, EngineSpec
+from model_report import print_report
 
 MEMORY_DIMS = {
     "hidden_size": 256,
@@ -142,179 +133,6 @@ class Scenario:
         ]
 
 
-@dataclass
-class EngineSpec:
-    """One vLLM engine to start in its own process."""
-
-    model: str
-    max_model_len: int
-    dtype: str
-    threads: int = 1
-    # False: vLLM's default execution mode (torch.compile through Inductor on CPU).
-    enforce_eager: bool = True
-    # Baseline variant: in-tree Llama with Spark2_5's exact GELU in its MLP.
-    exact_gelu_mlp: bool = False
-    # Reproduce the seed: RoPE cos/sin cache over this many positions.
-    rope_positions: int | None = None
-
-
-def _engine_process(conn: Any, spec: EngineSpec) -> None:
-    """Own one ``LLM`` and answer the parent's commands until told to stop."""
-    os.environ.update(CPU_ENGINE_ENV)
-    os.environ.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "SPARK2_5_PLUGIN_ENABLE": "1"})
-    os.environ["OMP_NUM_THREADS"] = str(spec.threads)
-    if spec.exact_gelu_mlp:
-        _use_exact_gelu_in_llama_mlp()
-    if spec.rope_positions is not None:
-        _build_rope_over(spec.rope_positions)
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    started = time.perf_counter()
-    llm = LLM(
-        model=spec.model,
-        dtype=spec.dtype,
-        max_model_len=spec.max_model_len,
-        enforce_eager=spec.enforce_eager,
-        # Every timed run must prefill its prompts, not find them cached.
-        enable_prefix_caching=False,
-        seed=0,
-    )
-    conn.send({"init_s": time.perf_counter() - started})
-    while True:
-        command, payload = conn.recv()
-        if command == "stop":
-            conn.close()
-            return
-        if command in ("generate", "profile"):
-            prompts = [TokensPrompt(prompt_token_ids=ids) for ids in payload["prompts"]]
-            params = SamplingParams(
-                max_tokens=payload["output_len"],
-                ignore_eos=True,
-                temperature=0.0,
-                detokenize=False,
-            )
-        if command == "generate":
-            started, cpu_started = time.perf_counter(), time.process_time()
-            outputs = llm.generate(prompts, params, use_tqdm=False)
-            conn.send(
-                {
-                    "elapsed_s": time.perf_counter() - started,
-                    "cpu_s": time.process_time() - cpu_started,
-                    "output_tokens": sum(len(out.outputs[0].token_ids) for out in outputs),
-                }
-            )
-        elif command == "profile":
-            from torch.profiler import ProfilerActivity, profile
-
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
-                llm.generate(prompts, params, use_tqdm=False)
-            conn.send(
-                {
-                    event.key: {
-                        "self_cpu_ms": event.self_cpu_time_total / 1e3,
-                        "calls": event.count,
-                    }
-                    for event in prof.key_averages()
-                }
-            )
-        elif command == "memory":
-            conn.send(_memory_figures(llm))
-
-
-def _use_exact_gelu_in_llama_mlp() -> None:
-    """Build in-tree Llama's MLP with exact GELU instead of SiLU.
-
-    The same ``GeluAndMul`` as Spark2_5's MLP, so that the only work the
-    carrier adds over this baseline is its output gate.
-    """
-    from vllm.model_executor.layers.activation import GeluAndMul
-    from vllm.model_executor.models import llama
-
-    build_mlp = llama.LlamaMLP.__init__
-
-    def build_gelu_mlp(self, *args, **kwargs):
-        build_mlp(self, *args, **kwargs)
-        self.act_fn = GeluAndMul(approximate="none")
-
-    llama.LlamaMLP.__init__ = build_gelu_mlp
-
-
-def _build_rope_over(positions: int) -> None:
-    """Make the carrier's RoPE cache cover ``positions`` rows, as the seed plugin did."""
-    from vllm_spark2_5_plugin import compat
-
-    build_rope = compat.get_rope
-
-    def rope_over_max_positions(head_size, max_position, rope_theta, partial_rotary_factor):
-        return build_rope(head_size, positions, rope_theta, partial_rotary_factor)
-
-    compat.get_rope = rope_over_max_positions
-
-
-def _rope_cache_bytes(model: Any) -> int:
-    caches = {
-        id(buf): buf.numel() * buf.element_size()
-        for name, buf in model.named_buffers(remove_duplicate=False)
-        if name.endswith("cos_sin_cache")
-    }
-    return sum(caches.values())
-
-
-def _memory_figures(llm: Any) -> dict[str, Any]:
-    status = Path("/proc/self/status").read_text().splitlines()
-    kib = {line.split(":")[0]: int(line.split()[1]) for line in status if line.startswith("Vm")}
-    cache_config = llm.llm_engine.vllm_config.cache_config
-    return {
-        "peak_rss_mib": kib.get("VmHWM", 0) / 1024,
-        "rss_mib": kib.get("VmRSS", 0) / 1024,
-        "ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "rope_cache_mib": llm.apply_model(_rope_cache_bytes)[0] / 2**20,
-        "kv_cache_blocks": cache_config.num_gpu_blocks,
-        # Group-aware: what vLLM logs as "KV cache size: N tokens".
-        "kv_cache_tokens": cache_config.kv_cache_size_tokens,
-    }
-
-
-class Engine:
-    """Parent-side handle of an engine process."""
-
-    def __init__(self, spec: EngineSpec) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conn, child_conn = context.Pipe()
-        self.process = context.Process(target=_engine_process, args=(child_conn, spec))
-        self.process.start()
-        child_conn.close()
-        self.init_s = self._receive()["init_s"]
-
-    def _receive(self) -> dict[str, Any]:
-        try:
-            return self.conn.recv()
-        except EOFError:
-            self.process.join()
-            raise RuntimeError(
-                f"the engine process exited with {self.process.exitcode}; its log is above"
-            ) from None
-
-    def ask(self, command: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-        self.conn.send((command, payload))
-        return self._receive()
-
-    def stop(self) -> None:
-        if self.process.is_alive():
-            self.conn.send(("stop", None))
-            self.process.join(timeout=60)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-
-    def __enter__(self) -> Engine:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-
 def _prompts(batch: int, length: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(*PROMPT_TOKEN_RANGE) for _ in range(length)] for _ in range(batch)]
@@ -348,57 +166,38 @@ def run_throughput(
     dims: dict[str, int],
     rounds: int,
     runs: int,
-    dtype: str,
-    threads: int,
-    enforce_eager: bool,
+    engine_settings: dict[str, Any],
 ) -> dict[str, Any]:
+    """Rotated rounds of one fresh engine per model; ``engine_settings``: dtype,
+    threads, enforce_eager."""
     print(f"\n== throughput: {scenario.name}", flush=True)
     names = ("spark2_5", GELU_LLAMA, "llama")
     # Per model and round: the median over one engine process's runs of output
     # tokens per wall second and per CPU second of that process (robust to
     # other jobs time-slicing the same cores).
-    wall: dict[str, list[float]] = {name: [] for name in names}
-    cpu: dict[str, list[float]] = {name: [] for name in names}
-    init_s: dict[str, list[float]] = {name: [] for name in names}
+    rates: dict[str, dict[str, list[float]]] = {
+        clock: {name: [] for name in names} for clock in ("wall", "cpu", "init_s")
+    }
     # One extra run per model, in round 1, under torch.profiler: where the time goes.
     op_profiles: dict[str, dict[str, Any]] = {}
+    request = {
+        "prompts": _prompts(scenario.batch, scenario.prompt_len, seed=1),
+        "output_len": scenario.output_len,
+    }
     with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp:
-        paths = _build_models(Path(tmp), scenario, dims)
-        common = {
-            "max_model_len": scenario.max_model_len,
-            "dtype": dtype,
-            "threads": threads,
-            "enforce_eager": enforce_eager,
-        }
-        specs = {
-            "spark2_5": EngineSpec(str(paths["spark2_5"]), **common),
-            GELU_LLAMA: EngineSpec(str(paths["llama"]), **common, exact_gelu_mlp=True),
-            "llama": EngineSpec(str(paths["llama"]), **common),
-        }
-        request = {
-            "prompts": _prompts(scenario.batch, scenario.prompt_len, seed=1),
-            "output_len": scenario.output_len,
-        }
-        warmup = {"prompts": request["prompts"][:4], "output_len": 4}
+        specs = _engine_specs(_build_models(Path(tmp), scenario, dims), scenario, engine_settings)
         for index in range(rounds):
             # Rotate who goes first so no model always follows the same one.
             order = names[index % len(names) :] + names[: index % len(names)]
             for name in order:
-                with Engine(specs[name]) as engine:
-                    engine.ask("generate", warmup)
-                    results = [engine.ask("generate", request) for _ in range(runs)]
-                    if index == 0:
-                        op_profiles[name] = _top_ops(engine.ask("profile", request))
-                init_s[name].append(engine.init_s)
-                wall[name].append(
-                    statistics.median(r["output_tokens"] / r["elapsed_s"] for r in results)
-                )
-                cpu[name].append(
-                    statistics.median(r["output_tokens"] / r["cpu_s"] for r in results)
-                )
+                sample = _sample(specs[name], request, runs, profile=index == 0)
+                for key in rates:
+                    rates[key][name].append(sample[key])
+                if index == 0:
+                    op_profiles[name] = sample["profile"]
                 print(
-                    f"  round {index + 1}: {name:26s} {wall[name][-1]:8.1f} output tok/s "
-                    f"({cpu[name][-1]:8.1f} per CPU second)",
+                    f"  round {index + 1}: {name:26s} {sample['wall']:8.3g} output tok/s "
+                    f"({sample['cpu']:8.3g} per CPU second)",
                     flush=True,
                 )
     return {
@@ -406,18 +205,42 @@ def run_throughput(
         "output_tokens_per_run": scenario.batch * scenario.output_len,
         "runs_per_engine": runs,
         "output_tok_s": {
-            "wall": {name: spread(values) for name, values in wall.items()},
-            "cpu": {name: spread(values) for name, values in cpu.items()},
+            clock: {name: spread(values) for name, values in rates[clock].items()}
+            for clock in ("wall", "cpu")
         },
         "ratios": {
             f"{over} / {under}": {
-                "wall": _ratio(wall[over], wall[under]),
-                "cpu": _ratio(cpu[over], cpu[under]),
+                clock: _ratio(rates[clock][over], rates[clock][under]) for clock in ("wall", "cpu")
             }
             for over, under in RATIOS
         },
-        "engine_init_s": {name: spread(values) for name, values in init_s.items()},
+        "engine_init_s": {name: spread(values) for name, values in rates["init_s"].items()},
         "op_self_cpu_ms": op_profiles,
+    }
+
+
+def _engine_specs(
+    paths: dict[str, Path], scenario: Scenario, settings: dict[str, Any]
+) -> dict[str, EngineSpec]:
+    shared = {"max_model_len": scenario.max_model_len, **settings}
+    return {
+        "spark2_5": EngineSpec(str(paths["spark2_5"]), **shared),
+        GELU_LLAMA: EngineSpec(str(paths["llama"]), **shared, exact_gelu_mlp=True),
+        "llama": EngineSpec(str(paths["llama"]), **shared),
+    }
+
+
+def _sample(spec: EngineSpec, request: dict[str, Any], runs: int, profile: bool) -> dict[str, Any]:
+    """One engine process: the medians of its timed runs, after a warm-up run."""
+    with Engine(spec) as engine:
+        engine.ask("generate", {"prompts": request["prompts"][:4], "output_len": 4})
+        results = [engine.ask("generate", request) for _ in range(runs)]
+        ops = _top_ops(engine.ask("profile", request)) if profile else None
+    return {
+        "wall": statistics.median(r["output_tokens"] / r["elapsed_s"] for r in results),
+        "cpu": statistics.median(r["output_tokens"] / r["cpu_s"] for r in results),
+        "init_s": engine.init_s,
+        "profile": ops,
     }
 
 
@@ -502,7 +325,7 @@ def run_memory(repeats: int, dtype: str, threads: int) -> dict[str, Any]:
     }
 
 
-def main() -> int:
+def _parse_args() -> argparse.Namespace:
     parser = base_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument(
@@ -529,157 +352,66 @@ def main() -> int:
         help="throughput in vLLM's default execution mode (torch.compile) instead of eager",
     )
     parser.add_argument(
+        "--scenario",
+        metavar="TEXT",
+        help="throughput: only the scenarios whose name contains TEXT (e.g. prefill)",
+    )
+    parser.add_argument(
         "--dims",
         choices=tuple(THROUGHPUT_DIMS),
         default="small",
         help="throughput models: small (seconds per run) or four of the 4B's own layers",
     )
     args = parser.parse_args()
-    rounds = args.rounds or (3 if args.quick else 8)
-    runs = args.runs or (1 if args.quick else 2)
-    memory_repeats = 1 if args.quick else 3
-    record = Record(
-        "model",
-        {
-            "dtype": args.dtype,
-            "omp_threads_per_engine": args.threads,
-            "rounds": rounds,
-            "runs_per_engine": runs,
-            "memory_repeats": memory_repeats,
-            "throughput_dims": THROUGHPUT_DIMS[args.dims],
-            "vocab_size": THROUGHPUT_DIMS[args.dims].get(
-                "vocab_size", "320 (the tiny tokenizer's checkpoints, both models)"
-            ),
-            "baselines": "in-tree LlamaForCausalLM, identical dims, layer_types and window, "
-            "no output gate, one RoPE: stock (SiLU MLP) and with exact GELU in its MLP",
-            "engine": "offline LLM.generate, in-process engine, VLLM_CPU_KVCACHE_SPACE=1; "
-            + (
-                "throughput in vLLM's default mode (torch.compile), memory eager"
-                if args.compiled
-                else "enforce_eager"
-            ),
-        },
-    )
+    args.rounds = args.rounds or (3 if args.quick else 8)
+    args.runs = args.runs or (1 if args.quick else 2)
+    args.memory_repeats = 1 if args.quick else 3
+    return args
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    dims = THROUGHPUT_DIMS[args.dims]
+    return {
+        "dtype": args.dtype,
+        "omp_threads_per_engine": args.threads,
+        "rounds": args.rounds,
+        "runs_per_engine": args.runs,
+        "memory_repeats": args.memory_repeats,
+        "throughput_dims": dims,
+        "vocab_size": dims.get("vocab_size", "320 (the tiny tokenizer's checkpoints, both models)"),
+        "baselines": "in-tree LlamaForCausalLM, identical dims, layer_types and window, "
+        "no output gate, one RoPE: stock (SiLU MLP) and with exact GELU in its MLP",
+        "engine": "offline LLM.generate, in-process engine, VLLM_CPU_KVCACHE_SPACE=1; "
+        + (
+            "throughput in vLLM's default mode (torch.compile), memory eager"
+            if args.compiled
+            else "enforce_eager"
+        ),
+    }
+
+
+def main() -> int:
+    args = _parse_args()
+    record = Record("model", _settings(args))
     results = record.data["results"]
     if args.only in (None, "throughput"):
+        engine_settings = {
+            "dtype": args.dtype,
+            "threads": args.threads,
+            "enforce_eager": not args.compiled,
+        }
         results["throughput"] = [
             run_throughput(
-                scenario,
-                THROUGHPUT_DIMS[args.dims],
-                rounds,
-                runs,
-                args.dtype,
-                args.threads,
-                not args.compiled,
+                scenario, THROUGHPUT_DIMS[args.dims], args.rounds, args.runs, engine_settings
             )
             for scenario in Scenario.for_mode(args.quick, args.dims)
+            if args.scenario is None or args.scenario in scenario.name
         ]
     if args.only in (None, "memory"):
-        results["memory"] = run_memory(memory_repeats, args.dtype, args.threads)
+        results["memory"] = run_memory(args.memory_repeats, args.dtype, args.threads)
     print_report(results)
     record.finish(args.out)
     return 0
-
-
-CLOCKS = {"wall": "per wall second", "cpu": "per engine CPU second"}
-
-
-def print_report(results: dict[str, Any]) -> None:
-    if "throughput" in results:
-        print("\nOutput tok/s, medians of rounds (min-max):")
-        rows = []
-        for item in results["throughput"]:
-            for clock in ("wall", "cpu"):
-                for name, rate in item["output_tok_s"][clock].items():
-                    rows.append(
-                        (
-                            item["scenario"]["name"],
-                            CLOCKS[clock],
-                            name,
-                            f"{rate['median']:.1f} ({rate['min']:.0f}-{rate['max']:.0f})",
-                        )
-                    )
-        print(table(("scenario", "clock", "model", "output tok/s"), rows))
-        print("\nRatios (of medians; median of same-round ratios):")
-        rows = [
-            (
-                item["scenario"]["name"],
-                pair,
-                *(
-                    f"{ratios[clock]['of_medians']:.3f}; "
-                    f"{ratios[clock]['same_round']['median']:.3f}"
-                    for clock in ("wall", "cpu")
-                ),
-            )
-            for item in results["throughput"]
-            for pair, ratios in item["ratios"].items()
-        ]
-        print(table(("scenario", "ratio", CLOCKS["wall"], CLOCKS["cpu"]), rows))
-        print_ratio_spread(results["throughput"])
-        for item in results["throughput"]:
-            print_op_profile(item["scenario"]["name"], item["op_self_cpu_ms"])
-    if "memory" in results:
-        memory = results["memory"]
-        print(f"\nMemory at max_model_len {memory['max_model_len']} (medians):")
-        rows = [
-            (
-                name,
-                f"{fig['peak_rss_mib']['median']:.0f}",
-                f"{fig['peak_rss_delta_mib']:+.0f}",
-                f"{fig['rss_mib']['median']:.0f}",
-                f"{fig['rss_delta_mib']:+.0f}",
-                f"{fig['rope_cache_mib']['median']:.2f}",
-                f"{fig['kv_cache_tokens']['median']:,.0f}",
-            )
-            for name, fig in memory["variants"].items()
-        ]
-        print(
-            table(
-                (
-                    "variant",
-                    "peak RSS MiB",
-                    "Δ peak",
-                    "RSS MiB",
-                    "Δ RSS",
-                    "RoPE cache MiB",
-                    "KV tokens",
-                ),
-                rows,
-            )
-        )
-
-
-def print_ratio_spread(throughput: list[dict[str, Any]]) -> None:
-    """How far one round's ratio strays: the resolution of the medians above."""
-    rows = [
-        (
-            item["scenario"]["name"],
-            pair,
-            *(
-                "{min:.3f}-{max:.3f}".format(**ratios[clock]["same_round"])
-                for clock in ("wall", "cpu")
-            ),
-        )
-        for item in throughput
-        for pair, ratios in item["ratios"].items()
-    ]
-    print("\nSame-round ratios, min-max:")
-    print(table(("scenario", "ratio", CLOCKS["wall"], CLOCKS["cpu"]), rows))
-
-
-def print_op_profile(scenario: str, profiles: dict[str, dict[str, Any]]) -> None:
-    """Self CPU ms per operator of one profiled run per model, largest first."""
-    models = list(profiles)
-    ops = dict.fromkeys(op for profile in profiles.values() for op in profile["ops"])
-    rows = [(op, *(_op_ms(profiles[model], op) for model in models)) for op in ops]
-    rows.append(("all operators", *(f"{profiles[m]['total']:.0f}" for m in models)))
-    print(f"\nOperator self CPU ms, one profiled run each: {scenario}")
-    print(table(("operator", *models), rows))
-
-
-def _op_ms(profile: dict[str, Any], op: str) -> str:
-    event = profile["ops"].get(op)
-    return f"{event['self_cpu_ms']:.0f} ({event['calls']})" if event else "-"
 
 
 if __name__ == "__main__":

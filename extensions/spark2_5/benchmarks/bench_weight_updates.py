@@ -35,11 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import CPU_ENGINE_ENV, SMALL_SPARK_DIMS, Record, base_parser, spread, table
+from common import IN_PROCESS_ENGINE_ENV, SMALL_SPARK_DIMS, Record, base_parser, spread, table
 
 MODELS = ("spark2_5", "llama")
 PATHS = ("reload from path", "reload from iterator", "transfer per tensor")
-IN_PROCESS_ENV = {"SPARK2_5_PLUGIN_ENABLE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def build_checkpoints(model: str, root: Path) -> dict[str, Path]:
@@ -114,7 +113,7 @@ def _greedy(llm: Any, params: Any) -> list[int]:
 def run_child(model: str, rounds: int) -> dict[str, Any]:
     """One fresh engine process for ``model``: its gigabytes and timed pushes."""
     command = [sys.executable, __file__, "--child", model, "--rounds", str(rounds)]
-    env = {**os.environ, **CPU_ENGINE_ENV, **IN_PROCESS_ENV}
+    env = {**os.environ, **IN_PROCESS_ENGINE_ENV}
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{model} run failed:\n{done.stderr[-4000:]}")

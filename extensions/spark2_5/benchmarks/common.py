@@ -32,6 +32,13 @@ from carrier_harness.server import CPU_SERVE_ENV  # noqa: E402
 
 # What a real vLLM needs on the project's 2-core CPU machines.
 CPU_ENGINE_ENV = CPU_SERVE_ENV
+# An offline engine inside the measuring process (apply_model reaches its model),
+# with the carrier enabled.
+IN_PROCESS_ENGINE_ENV = {
+    **CPU_ENGINE_ENV,
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "SPARK2_5_PLUGIN_ENABLE": "1",
+}
 
 # Close to the Spark-X2.5-4B's proportions at a size two CPU cores decode in
 # seconds: decoupled head_dim 256 (heads x head_dim != hidden), GQA 4:1, MLP 4x
@@ -56,6 +63,16 @@ FOUR_B_LAYER_DIMS = {
     "intermediate_size": 10240,
     "vocab_size": 16384,
 }
+
+
+def use_in_process_engine(threads: int) -> None:
+    """Set this process up for an offline engine in it on ``threads`` OpenMP threads.
+
+    Before vLLM starts: its CPU worker binds the threads once and then ignores
+    ``torch.set_num_threads``, so ``OMP_NUM_THREADS`` is what holds.
+    """
+    os.environ.update(IN_PROCESS_ENGINE_ENV)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
 def base_parser(description: str) -> argparse.ArgumentParser:

@@ -97,7 +97,7 @@ THROUGHPUT_RECORDS = ("perf-model.json", "perf-model-compiled.json")
 
 def _rendered_tables(capsys, record_name: str) -> dict[str, list[str]]:
     """The tables ``print_report`` renders for an archived record, by their title line."""
-    from bench_model import print_report
+    from model_report import print_report
 
     record = json.loads((CARRIER / "evidence" / record_name).read_text())
     print_report(record["results"])

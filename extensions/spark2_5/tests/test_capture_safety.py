@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
 from spark2_5_dev.model_building import build_model_and_config, checkpoint_tensors, vllm_model_env
@@ -32,6 +34,22 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
     model.load_weights(iter(checkpoint_tensors(checkpoint).items()))
     process_weights_after_loading(model, vllm_config.model_config, torch.device("cpu"))
     return model, vllm_config
+
+
+@pytest.fixture(scope="module")
+def bf16_attention(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    """Layer 0's attention of a bfloat16 model: its gate rounds fp32 math to bf16."""
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    checkpoint = build_spark2_5_checkpoint(tmp_path_factory.mktemp("gate"), seed=7)
+    torch.set_default_dtype(torch.bfloat16)  # as vLLM's loader builds a bf16 model
+    try:
+        model, vllm_config = build_model_and_config(checkpoint, dtype="bfloat16")
+    finally:
+        torch.set_default_dtype(torch.float32)
+    model.load_weights(iter(checkpoint_tensors(checkpoint).items()))
+    process_weights_after_loading(model, vllm_config.model_config, torch.device("cpu"))
+    return model.model.layers[0].self_attn, vllm_config
 
 
 def explain(vllm_config: Any, module: torch.nn.Module, *args: Any) -> Any:
@@ -97,3 +115,65 @@ def test_a_host_sync_in_forward_would_be_found(loaded, monkeypatch, sync):
     hidden = torch.randn(TOKENS, model.config.hidden_size)
     explained = explain(vllm_config, model.model.layers[0], torch.arange(TOKENS), hidden, None)
     assert capture_problems(explained)
+
+
+# --- the head-wise gate: blocks in eager CPU, one expression when compiled -----------
+
+SPECIALS = st.sampled_from([0.0, -0.0, 1e30, -1e30, float("inf"), float("-inf"), float("nan")])
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    blocks=st.floats(0, 3.5),
+    seed=st.integers(0, 2**16),
+    special=SPECIALS,
+)
+def test_the_gate_in_row_blocks_gives_the_bits_of_one_fp32_pass(
+    bf16_attention, blocks, seed, special
+):
+    """Eager on CPU the gate runs a block of rows at a time, in place; every output bit
+    (NaN, infinities and signed zeros too) is that of one fp32 pass over all rows."""
+    from vllm.config import set_current_vllm_config
+
+    from vllm_spark2_5_plugin.spark2_5 import GATE_BLOCK_ROWS
+
+    attention, vllm_config = bf16_attention
+    rows = max(1, int(blocks * GATE_BLOCK_ROWS))
+    generator = torch.Generator().manual_seed(seed)
+    heads_out = torch.randn(rows, attention.q_size, generator=generator).mul_(30).bfloat16()
+    heads_out.view(-1)[torch.randint(0, heads_out.numel(), (8,), generator=generator)] = special
+    hidden = torch.randn(rows, attention.g_proj.input_size, generator=generator).bfloat16()
+    assert attention.gate_block_rows == GATE_BLOCK_ROWS  # CPU: blocks
+    with set_current_vllm_config(vllm_config):
+        blocked = attention.gate_heads(heads_out.clone(), hidden)
+        attention.gate_block_rows = None
+        try:
+            whole = attention.gate_heads(heads_out.clone(), hidden)
+        finally:
+            attention.gate_block_rows = GATE_BLOCK_ROWS
+    assert blocked.dtype == whole.dtype == torch.bfloat16
+    torch.testing.assert_close(blocked, whole, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(blocked.signbit(), whole.signbit())
+
+
+def test_the_compiled_gate_is_one_expression_over_any_number_of_tokens(bf16_attention):
+    """Under TorchDynamo, with the token count symbolic as vLLM compiles it, the gate
+    is not split into blocks (no per-size loop, nothing written back in place)."""
+    from vllm_spark2_5_plugin.spark2_5 import GATE_BLOCK_ROWS
+
+    attention, vllm_config = bf16_attention
+    tokens = 3 * GATE_BLOCK_ROWS + 5
+    heads_out = torch.randn(tokens, attention.q_size).bfloat16()
+    hidden = torch.randn(tokens, attention.g_proj.input_size).bfloat16()
+    torch._dynamo.mark_dynamic(heads_out, 0)
+    torch._dynamo.mark_dynamic(hidden, 0)
+
+    class Gate(torch.nn.Module):
+        def forward(self, heads_out: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+            return attention.gate_heads(heads_out, hidden)
+
+    explained = explain(vllm_config, Gate(), heads_out, hidden)
+    assert capture_problems(explained) == [] and explained.graph_count == 1
+    assert not called(explained.graphs[0]) & {"split", "copy_"}

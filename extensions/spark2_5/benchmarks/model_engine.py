@@ -1,0 +1,190 @@
+"""One vLLM engine per process for bench_model.py: the process, its parent-side
+handle, and the benchmark-only patches a baseline engine applies to itself.
+
+A sample is one fresh process (the same engine runs within 2% of itself while two
+processes of it can differ by 10% or more), so every engine lives in its own
+spawned process that answers the parent's commands over a pipe.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common import use_in_process_engine
+
+
+@dataclass
+class EngineSpec:
+    """One vLLM engine to start in its own process."""
+
+    model: str
+    max_model_len: int
+    dtype: str
+    threads: int = 1
+    # False: vLLM's default execution mode (torch.compile through Inductor on CPU).
+    enforce_eager: bool = True
+    # Baseline variant: in-tree Llama with Spark2_5's exact GELU in its MLP.
+    exact_gelu_mlp: bool = False
+    # Reproduce the seed: RoPE cos/sin cache over this many positions.
+    rope_positions: int | None = None
+
+
+def _engine_process(conn: Any, spec: EngineSpec) -> None:
+    """Own one ``LLM`` and answer the parent's commands until told to stop."""
+    use_in_process_engine(spec.threads)
+    if spec.exact_gelu_mlp:
+        _use_exact_gelu_in_llama_mlp()
+    if spec.rope_positions is not None:
+        _build_rope_over(spec.rope_positions)
+    from vllm import LLM
+
+    started = time.perf_counter()
+    llm = LLM(
+        model=spec.model,
+        dtype=spec.dtype,
+        max_model_len=spec.max_model_len,
+        enforce_eager=spec.enforce_eager,
+        # Every timed run must prefill its prompts, not find them cached.
+        enable_prefix_caching=False,
+        seed=0,
+    )
+    conn.send({"init_s": time.perf_counter() - started})
+    commands = {"generate": _generate, "profile": _profile, "memory": _memory_figures}
+    while True:
+        command, payload = conn.recv()
+        if command == "stop":
+            conn.close()
+            return
+        conn.send(commands[command](llm, payload))
+
+
+def _requests(payload: dict[str, Any]) -> tuple[list[Any], Any]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in payload["prompts"]]
+    params = SamplingParams(
+        max_tokens=payload["output_len"], ignore_eos=True, temperature=0.0, detokenize=False
+    )
+    return prompts, params
+
+
+def _generate(llm: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    prompts, params = _requests(payload)
+    started, cpu_started = time.perf_counter(), time.process_time()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return {
+        "elapsed_s": time.perf_counter() - started,
+        "cpu_s": time.process_time() - cpu_started,
+        "output_tokens": sum(len(out.outputs[0].token_ids) for out in outputs),
+    }
+
+
+def _profile(llm: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    prompts, params = _requests(payload)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        llm.generate(prompts, params, use_tqdm=False)
+    return {
+        event.key: {"self_cpu_ms": event.self_cpu_time_total / 1e3, "calls": event.count}
+        for event in prof.key_averages()
+    }
+
+
+def _use_exact_gelu_in_llama_mlp() -> None:
+    """Build in-tree Llama's MLP with exact GELU instead of SiLU.
+
+    The same ``GeluAndMul`` as Spark2_5's MLP, so that the only work the
+    carrier adds over this baseline is its output gate.
+    """
+    from vllm.model_executor.layers.activation import GeluAndMul
+    from vllm.model_executor.models import llama
+
+    build_mlp = llama.LlamaMLP.__init__
+
+    def build_gelu_mlp(self, *args, **kwargs):
+        build_mlp(self, *args, **kwargs)
+        self.act_fn = GeluAndMul(approximate="none")
+
+    llama.LlamaMLP.__init__ = build_gelu_mlp
+
+
+def _build_rope_over(positions: int) -> None:
+    """Make the carrier's RoPE cache cover ``positions`` rows, as the seed plugin did."""
+    from vllm_spark2_5_plugin import compat
+
+    build_rope = compat.get_rope
+
+    def rope_over_max_positions(head_size, max_position, rope_theta, partial_rotary_factor):
+        return build_rope(head_size, positions, rope_theta, partial_rotary_factor)
+
+    compat.get_rope = rope_over_max_positions
+
+
+def _rope_cache_bytes(model: Any) -> int:
+    caches = {
+        id(buf): buf.numel() * buf.element_size()
+        for name, buf in model.named_buffers(remove_duplicate=False)
+        if name.endswith("cos_sin_cache")
+    }
+    return sum(caches.values())
+
+
+def _memory_figures(llm: Any, _payload: None = None) -> dict[str, Any]:
+    status = Path("/proc/self/status").read_text().splitlines()
+    kib = {line.split(":")[0]: int(line.split()[1]) for line in status if line.startswith("Vm")}
+    cache_config = llm.llm_engine.vllm_config.cache_config
+    return {
+        "peak_rss_mib": kib.get("VmHWM", 0) / 1024,
+        "rss_mib": kib.get("VmRSS", 0) / 1024,
+        "ru_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rope_cache_mib": llm.apply_model(_rope_cache_bytes)[0] / 2**20,
+        "kv_cache_blocks": cache_config.num_gpu_blocks,
+        # Group-aware: what vLLM logs as "KV cache size: N tokens".
+        "kv_cache_tokens": cache_config.kv_cache_size_tokens,
+    }
+
+
+class Engine:
+    """Parent-side handle of an engine process."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, child_conn = context.Pipe()
+        self.process = context.Process(target=_engine_process, args=(child_conn, spec))
+        self.process.start()
+        child_conn.close()
+        self.init_s = self._receive()["init_s"]
+
+    def _receive(self) -> dict[str, Any]:
+        try:
+            return self.conn.recv()
+        except EOFError:
+            self.process.join()
+            raise RuntimeError(
+                f"the engine process exited with {self.process.exitcode}; its log is above"
+            ) from None
+
+    def ask(self, command: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        self.conn.send((command, payload))
+        return self._receive()
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.conn.send(("stop", None))
+            self.process.join(timeout=60)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,110 @@
+"""bench_model.py's tables: throughput, ratios and their spread, operators, memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common import table
+
+CLOCKS = {"wall": "per wall second", "cpu": "per engine CPU second"}
+
+
+def print_report(results: dict[str, Any]) -> None:
+    if "throughput" in results:
+        print("\nOutput tok/s, medians of rounds (min-max):")
+        rows = []
+        for item in results["throughput"]:
+            for clock in ("wall", "cpu"):
+                for name, rate in item["output_tok_s"][clock].items():
+                    rows.append(
+                        (
+                            item["scenario"]["name"],
+                            CLOCKS[clock],
+                            name,
+                            f"{rate['median']:.3g} ({rate['min']:.3g}-{rate['max']:.3g})",
+                        )
+                    )
+        print(table(("scenario", "clock", "model", "output tok/s"), rows))
+        print("\nRatios (of medians; median of same-round ratios):")
+        rows = [
+            (
+                item["scenario"]["name"],
+                pair,
+                *(
+                    f"{ratios[clock]['of_medians']:.3f}; "
+                    f"{ratios[clock]['same_round']['median']:.3f}"
+                    for clock in ("wall", "cpu")
+                ),
+            )
+            for item in results["throughput"]
+            for pair, ratios in item["ratios"].items()
+        ]
+        print(table(("scenario", "ratio", CLOCKS["wall"], CLOCKS["cpu"]), rows))
+        print_ratio_spread(results["throughput"])
+        for item in results["throughput"]:
+            print_op_profile(item["scenario"]["name"], item["op_self_cpu_ms"])
+    if "memory" in results:
+        print_memory(results["memory"])
+
+
+def print_memory(memory: dict[str, Any]) -> None:
+    print(f"\nMemory at max_model_len {memory['max_model_len']} (medians):")
+    rows = [
+        (
+            name,
+            f"{fig['peak_rss_mib']['median']:.0f}",
+            f"{fig['peak_rss_delta_mib']:+.0f}",
+            f"{fig['rss_mib']['median']:.0f}",
+            f"{fig['rss_delta_mib']:+.0f}",
+            f"{fig['rope_cache_mib']['median']:.2f}",
+            f"{fig['kv_cache_tokens']['median']:,.0f}",
+        )
+        for name, fig in memory["variants"].items()
+    ]
+    print(
+        table(
+            (
+                "variant",
+                "peak RSS MiB",
+                "Δ peak",
+                "RSS MiB",
+                "Δ RSS",
+                "RoPE cache MiB",
+                "KV tokens",
+            ),
+            rows,
+        )
+    )
+
+
+def print_ratio_spread(throughput: list[dict[str, Any]]) -> None:
+    """How far one round's ratio strays: the resolution of the medians above."""
+    rows = [
+        (
+            item["scenario"]["name"],
+            pair,
+            *(
+                "{min:.3f}-{max:.3f}".format(**ratios[clock]["same_round"])
+                for clock in ("wall", "cpu")
+            ),
+        )
+        for item in throughput
+        for pair, ratios in item["ratios"].items()
+    ]
+    print("\nSame-round ratios, min-max:")
+    print(table(("scenario", "ratio", CLOCKS["wall"], CLOCKS["cpu"]), rows))
+
+
+def print_op_profile(scenario: str, profiles: dict[str, dict[str, Any]]) -> None:
+    """Self CPU ms per operator of one profiled run per model, largest first."""
+    models = list(profiles)
+    ops = dict.fromkeys(op for profile in profiles.values() for op in profile["ops"])
+    rows = [(op, *(_op_ms(profiles[model], op) for model in models)) for op in ops]
+    rows.append(("all operators", *(f"{profiles[m]['total']:.0f}" for m in models)))
+    print(f"\nOperator self CPU ms, one profiled run each: {scenario}")
+    print(table(("operator", *models), rows))
+
+
+def _op_ms(profile: dict[str, Any], op: str) -> str:
+    event = profile["ops"].get(op)
+    return f"{event['self_cpu_ms']:.0f} ({event['calls']})" if event else "-"
