@@ -29,6 +29,7 @@ import dev_pythonpath  # noqa: E402
 dev_pythonpath.install()
 
 from carrier_harness.server import CPU_SERVE_ENV  # noqa: E402
+from spark2_5_dev.carrier import ENABLE_ENV  # noqa: E402
 
 # What a real vLLM needs on the project's 2-core CPU machines.
 CPU_ENGINE_ENV = CPU_SERVE_ENV
@@ -37,7 +38,7 @@ CPU_ENGINE_ENV = CPU_SERVE_ENV
 IN_PROCESS_ENGINE_ENV = {
     **CPU_ENGINE_ENV,
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "SPARK2_5_PLUGIN_ENABLE": "1",
+    ENABLE_ENV: "1",
 }
 
 # Close to the Spark-X2.5-4B's proportions at a size two CPU cores decode in
