@@ -131,9 +131,8 @@ def gate_math_in_row_blocks() -> bool:
     """Whether eager elementwise math over a whole prefill is cheaper a block of
     rows at a time: on CPU an fp32 copy of every head's output (64 MiB for 4,096
     tokens of the 4B) is streamed through memory three times, and with glibc's
-    allocator page-faulted in afresh; a block's copy stays in cache (12x less CPU
-    time at 4,096 rows, 2x with a caching allocator). GPU eager would launch three
-    kernels per block instead of three in all."""
+    allocator page-faulted in afresh; a block's copy stays in cache. GPU eager
+    would launch three kernels per block instead of three in all."""
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
