@@ -177,3 +177,51 @@ def test_the_compiled_gate_is_one_expression_over_any_number_of_tokens(bf16_atte
     explained = explain(vllm_config, Gate(), heads_out, hidden)
     assert capture_problems(explained) == [] and explained.graph_count == 1
     assert not called(explained.graphs[0]) & {"split", "copy_"}
+
+
+# --- the finite keys/values guard: nan_to_num eager, a select when compiled --------
+
+
+def _hostile_bf16(seed: int, special: float, rows: int = 33) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.randn(rows, 64, generator=generator).mul_(1e3).bfloat16()
+    values.view(-1)[torch.randint(0, values.numel(), (16,), generator=generator)] = special
+    return values
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(seed=st.integers(0, 2**16), special=SPECIALS)
+def test_the_finite_guard_gives_the_same_bits_on_both_of_its_paths(seed, special, monkeypatch):
+    """Eager and compiled code take different ops to zero NaN and infinities; every
+    other value, signed zeros too, passes bit for bit on both."""
+    from vllm_spark2_5_plugin.spark2_5 import _finite
+
+    values = _hostile_bf16(seed, special)
+    eager = _finite(values)
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.compiler, "is_compiling", lambda: True)
+        compiled_path = _finite(values)
+    assert torch.equal(eager.view(torch.int16), compiled_path.view(torch.int16))
+    assert torch.isfinite(eager).all()
+    finite = torch.isfinite(values)
+    assert torch.equal(eager[finite].view(torch.int16), values[finite].view(torch.int16))
+
+
+def test_the_compiled_finite_guard_is_the_select_and_keeps_the_bits(loaded):
+    """Compiled, the guard is the select Inductor compiles well on CPU, not
+    ``nan_to_num``, and Inductor's code gives the eager bits."""
+    from vllm_spark2_5_plugin.spark2_5 import _finite
+
+    model, vllm_config = loaded
+    layer = model.model.layers[0]
+    assert layer.self_attn.finite_kv_only  # CPU: the guard is on
+    hidden = torch.randn(TOKENS, model.config.hidden_size)
+    explained = explain(vllm_config, layer, torch.arange(TOKENS), hidden, None)
+    assert {"isfinite", "where"} <= called(explained.graphs[0])
+    assert "nan_to_num" not in called(explained.graphs[0])
+    values = _hostile_bf16(seed=1, special=float("nan"))
+    values[0, :3] = torch.tensor([float("inf"), float("-inf"), -0.0])
+    compiled = torch.compile(_finite, dynamic=True)(values)
+    assert torch.equal(compiled.view(torch.int16), _finite(values).view(torch.int16))
