@@ -292,8 +292,61 @@ def build_spark2_5_checkpoint(
     seed: int = 0,
     qkv: str = "fused",
     shards: int = 1,
+    std: float = 0.25,
     **config_overrides: Any,
 ) -> Path:
-    """A random tiny Spark2_5 checkpoint (see :func:`spark2_5_config_dict`)."""
+    """A random tiny Spark2_5 checkpoint (see :func:`spark2_5_config_dict`); ``std``
+    of its weights other than the norms'."""
     config = spark2_5_config_dict(**config_overrides)
-    return save_checkpoint(random_spark2_5(config, seed), config, path, qkv=qkv, shards=shards)
+    model = random_spark2_5(config, seed, std=std)
+    return save_checkpoint(model, config, path, qkv=qkv, shards=shards)
+
+
+# Spark2_5's tensor names that in-tree Llama spells differently.
+_LLAMA_NAMES = {".embedding.": ".embed_tokens.", ".out_proj.": ".o_proj."}
+
+
+def build_llama_twin(spark2_5_path: str | Path, path: str | Path) -> Path:
+    """The in-tree ``LlamaForCausalLM`` holding a Spark2_5 checkpoint's own tensors.
+
+    Same embedding, norms, q/k/v, output and MLP weights and head, same dims,
+    ``layer_types`` and window; what Llama has no place for is left out (the
+    ``g_proj`` output gate, the per-layer-type RoPE: Llama takes the sliding
+    layers'). A benchmark then times both models on the same numbers.
+    """
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig
+
+    spark = read_config(spark2_5_path)
+    tensors = _split_qkv(load_file(str(Path(spark2_5_path) / "model.safetensors")), spark)
+    for name in list(tensors):
+        renamed = name
+        for spark_part, llama_part in _LLAMA_NAMES.items():
+            renamed = renamed.replace(spark_part, llama_part)
+        tensors[renamed] = tensors.pop(name)
+    tensors = {name: t for name, t in tensors.items() if ".g_proj." not in name}
+    if spark["tie_word_embeddings"]:
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    rope = spark["rope_parameters"]["sliding_attention"]
+    config = {
+        key: spark[key]
+        for key in (
+            *("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"),
+            *("num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps"),
+            *("layer_types", "sliding_window", "bos_token_id", "eos_token_id", "pad_token_id"),
+        )
+    }
+    llama = LlamaConfig(
+        **config,
+        architectures=["LlamaForCausalLM"],
+        max_position_embeddings=2048,
+        rope_theta=rope["rope_theta"],
+        tie_word_embeddings=False,
+        torch_dtype=str(next(iter(tensors.values())).dtype).removeprefix("torch."),
+    )
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    llama.save_pretrained(str(path))
+    _save_state_dict(path, tensors)
+    write_tokenizer(path)
+    return path
