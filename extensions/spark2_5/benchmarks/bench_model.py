@@ -2,22 +2,22 @@
 
 Throughput: offline ``LLM.generate`` over a batch of random-token prompts with a
 fixed output length (``ignore_eos``), the Spark2_5 carrier on a random
-checkpoint against an in-tree model of identical dimensions (hidden, layers,
-heads, KV heads, head_dim, intermediate, vocab) and the same layer_types and
-sliding window, ``LlamaForCausalLM``, same dtype and engine settings. Llama has
-no head-wise output gate and one RoPE for all layers, and its MLP is SiLU where
-Spark2_5's is exact GELU. So the like-for-like baseline is a second Llama
-engine whose MLP runs vLLM's exact-GELU ``GeluAndMul`` (a benchmark-only patch
-of the in-tree ``LlamaMLP``): against it the gate is the only extra work, and
-stock Llama over it is the cost of the activation itself. (Gemma v1 has an
-exact-GELU MLP in-tree but no sliding window, so its KV cache is one group
-where both hybrid models have two; in a trial it ran ~10% faster than the Llama
-baseline, so it would not isolate the carrier's cost.) Each round starts a
-fresh engine process per model, in rotating order (A B C, B C A, ...), and
-times a few runs in it: the same engine runs within 2% of itself while two
-processes of it can differ by 10% or more, so a sample is one process, and
-medians over rounds are compared, by wall clock and by the engine process's
-CPU time.
+checkpoint against in-tree ``LlamaForCausalLM`` holding that checkpoint's own
+tensors (same dims, vocab, layer_types and sliding window, same dtype and
+engine settings), so both compute on the same numbers. Llama has no head-wise
+output gate and one RoPE for all layers, and its MLP is SiLU where Spark2_5's
+is exact GELU, so the baseline's MLP runs vLLM's exact-GELU ``GeluAndMul`` (a
+benchmark-only patch of the in-tree ``LlamaMLP``): against it the gate is the
+only extra work. (Gemma v1 has an exact-GELU MLP in-tree but no sliding
+window, so its KV cache is one group where both hybrid models have two.)
+
+A round starts one fresh engine process per model, keeps them all alive and
+interleaves their timed runs: the machine's slow spells then fall on every
+model alike, and fresh processes each round average out how one process's
+memory happens to be laid out. A round's ratio compares its engines' output
+tokens per second of wall clock and of the engine process's CPU time; the
+report gives the geometric mean over rounds with its 95% interval, whose
+half-width is the resolution achieved.
 
 Memory: peak and resident RSS, RoPE cache bytes and KV-cache capacity of the
 carrier when ``config.json`` says ``max_position_embeddings`` 1,048,576 versus
@@ -38,15 +38,23 @@ request and sixteen, and prefilling prompts past its 512-token window.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import random
-import statistics
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from common import FOUR_B_LAYER_DIMS, SMALL_SPARK_DIMS, Record, base_parser, spread
+from common import (
+    FOUR_B_LAYER_DIMS,
+    SMALL_SPARK_DIMS,
+    Record,
+    base_parser,
+    ratio_interval,
+    spread,
+)
 from model_engine import Engine, EngineSpec
 from model_report import print_report
 
@@ -59,6 +67,8 @@ MEMORY_DIMS = {
     "intermediate_size": 512,
 }
 GELU_LLAMA = "llama with exact-GELU MLP"
+# A trained model's weight scale (the 4B's initializer_range): activations stay O(1).
+WEIGHT_STD = 0.02
 # The headline (same work but the gate), against stock Llama, and the activation alone.
 RATIOS = (
     ("spark2_5", GELU_LLAMA),
@@ -122,10 +132,10 @@ class Scenario:
             cls("decode, batch 1, 4B layers (3 sliding : 1 full)", hybrid, 512, batch=1, **decode),
             cls("decode, batch 16, 4B layers", hybrid, 512, batch=16, **decode),
             cls(
-                "prefill, 4 prompts of 1024 tokens (1 output token), 4B layers",
+                "prefill, 2 prompts of 1024 tokens (1 output token), 4B layers",
                 hybrid,
                 512,
-                batch=4,
+                batch=2,
                 prompt_len=1024,
                 output_len=1,
                 max_model_len=2048,
@@ -139,44 +149,37 @@ def _prompts(batch: int, length: int, seed: int) -> list[list[int]]:
 
 
 def _build_models(workdir: Path, scenario: Scenario, dims: dict[str, int]) -> dict[str, Path]:
-    from spark2_5_dev.checkpoints import (
-        build_llama_checkpoint,
-        build_spark2_5_checkpoint,
-    )
+    """A Spark2_5 checkpoint at a trained model's weight scale, and the Llama holding its
+    tensors: both models then compute on the same numbers (elementwise kernels such
+    as GELU's run at speeds that depend on the values)."""
+    from spark2_5_dev.checkpoints import build_llama_twin, build_spark2_5_checkpoint
 
-    shared = {**dims, "layer_types": scenario.layer_types}
-    # Untied like the Llama builder writes it; tying changes memory, not work.
-    paths = {
-        "spark2_5": build_spark2_5_checkpoint(
-            workdir / "spark2_5",
-            seed=0,
-            sliding_window=scenario.sliding_window,
-            tie_word_embeddings=False,
-            **shared,
-        )
-    }
-    paths["llama"] = build_llama_checkpoint(
-        workdir / "llama", seed=0, sliding_window=scenario.sliding_window, **shared
+    # Untied like the Llama twin; tying changes memory, not work.
+    spark2_5 = build_spark2_5_checkpoint(
+        workdir / "spark2_5",
+        seed=0,
+        std=WEIGHT_STD,
+        sliding_window=scenario.sliding_window,
+        tie_word_embeddings=False,
+        layer_types=scenario.layer_types,
+        **dims,
     )
-    return paths
+    return {"spark2_5": spark2_5, "llama": build_llama_twin(spark2_5, workdir / "llama")}
 
 
 def run_throughput(
     scenario: Scenario,
     dims: dict[str, int],
-    rounds: int,
-    runs: int,
+    rounds: RoundPlan,
     engine_settings: dict[str, Any],
 ) -> dict[str, Any]:
-    """Rotated rounds of one fresh engine per model; ``engine_settings``: dtype,
-    threads, enforce_eager."""
+    """Rounds of one fresh engine per model, all alive at once, their runs interleaved;
+    ``engine_settings``: dtype, threads, enforce_eager."""
     print(f"\n== throughput: {scenario.name}", flush=True)
-    names = ("spark2_5", GELU_LLAMA, "llama")
-    # Per model and round: the median over one engine process's runs of output
-    # tokens per wall second and per CPU second of that process (robust to
-    # other jobs time-slicing the same cores).
+    # Per model and round: output tokens per wall second and per CPU second of
+    # that engine's process (robust to other jobs time-slicing the same cores).
     rates: dict[str, dict[str, list[float]]] = {
-        clock: {name: [] for name in names} for clock in ("wall", "cpu", "init_s")
+        key: {name: [] for name in rounds.models} for key in ("wall", "cpu", "init_s")
     }
     # One extra run per model, in round 1, under torch.profiler: where the time goes.
     op_profiles: dict[str, dict[str, Any]] = {}
@@ -186,37 +189,49 @@ def run_throughput(
     }
     with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp:
         specs = _engine_specs(_build_models(Path(tmp), scenario, dims), scenario, engine_settings)
-        for index in range(rounds):
-            # Rotate who goes first so no model always follows the same one.
-            order = names[index % len(names) :] + names[: index % len(names)]
-            for name in order:
-                sample = _sample(specs[name], request, runs, profile=index == 0)
+        for index in range(rounds.count):
+            models = {name: specs[name] for name in rounds.models}
+            samples = _round(models, request, rounds.runs, profile=index == 0)
+            for name, sample in samples.items():
                 for key in rates:
                     rates[key][name].append(sample[key])
                 if index == 0:
                     op_profiles[name] = sample["profile"]
-                print(
-                    f"  round {index + 1}: {name:26s} {sample['wall']:8.3g} output tok/s "
-                    f"({sample['cpu']:8.3g} per CPU second)",
-                    flush=True,
-                )
+            print(
+                f"  round {index + 1}: "
+                + ", ".join(f"{name} {samples[name]['cpu']:.4g}" for name in rounds.models)
+                + " output tok per CPU second",
+                flush=True,
+            )
     return {
         "scenario": asdict(scenario),
         "output_tokens_per_run": scenario.batch * scenario.output_len,
-        "runs_per_engine": runs,
+        "runs_per_engine": rounds.runs,
         "output_tok_s": {
             clock: {name: spread(values) for name, values in rates[clock].items()}
             for clock in ("wall", "cpu")
         },
         "ratios": {
             f"{over} / {under}": {
-                clock: _ratio(rates[clock][over], rates[clock][under]) for clock in ("wall", "cpu")
+                clock: ratio_interval(
+                    [o / u for o, u in zip(rates[clock][over], rates[clock][under], strict=True)]
+                )
+                for clock in ("wall", "cpu")
             }
             for over, under in RATIOS
+            if over in rounds.models and under in rounds.models
         },
         "engine_init_s": {name: spread(values) for name, values in rates["init_s"].items()},
         "op_self_cpu_ms": op_profiles,
     }
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    models: tuple[str, ...]
+    count: int
+    # Timed runs per engine per round, interleaved across the engines.
+    runs: int
 
 
 def _engine_specs(
@@ -230,18 +245,40 @@ def _engine_specs(
     }
 
 
-def _sample(spec: EngineSpec, request: dict[str, Any], runs: int, profile: bool) -> dict[str, Any]:
-    """One engine process: the medians of its timed runs, after a warm-up run."""
-    with Engine(spec) as engine:
-        engine.ask("generate", {"prompts": request["prompts"][:4], "output_len": 4})
-        results = [engine.ask("generate", request) for _ in range(runs)]
-        ops = _top_ops(engine.ask("profile", request)) if profile else None
+def _round(
+    specs: dict[str, EngineSpec], request: dict[str, Any], runs: int, profile: bool = False
+) -> dict[str, dict[str, Any]]:
+    """One fresh engine process per model, all alive at once, their timed runs
+    interleaved in rotating order: a slow spell of the machine (memory bandwidth
+    taken by a neighbour, a slower clock) falls on every model alike, which
+    running one engine after the other does not give."""
+    names = list(specs)
+    with contextlib.ExitStack() as stack:
+        engines = {name: stack.enter_context(Engine(spec)) for name, spec in specs.items()}
+        for engine in engines.values():
+            engine.ask("generate", {"prompts": request["prompts"][:4], "output_len": 4})
+        results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+        for cycle in range(runs):
+            shift = cycle % len(names)
+            for name in names[shift:] + names[:shift]:
+                results[name].append(engines[name].ask("generate", request))
+        ops = {
+            name: _top_ops(engines[name].ask("profile", request)) if profile else None
+            for name in names
+        }
     return {
-        "wall": statistics.median(r["output_tokens"] / r["elapsed_s"] for r in results),
-        "cpu": statistics.median(r["output_tokens"] / r["cpu_s"] for r in results),
-        "init_s": engine.init_s,
-        "profile": ops,
+        name: {
+            "wall": _per_second(results[name], "elapsed_s"),
+            "cpu": _per_second(results[name], "cpu_s"),
+            "init_s": engines[name].init_s,
+            "profile": ops[name],
+        }
+        for name in names
     }
+
+
+def _per_second(results: list[dict[str, Any]], clock: str) -> float:
+    return sum(r["output_tokens"] for r in results) / sum(r[clock] for r in results)
 
 
 def _top_ops(events: dict[str, dict[str, float]], share: float = 0.005) -> dict[str, Any]:
@@ -253,15 +290,6 @@ def _top_ops(events: dict[str, dict[str, float]], share: float = 0.005) -> dict[
         if event["self_cpu_ms"] >= share * total
     }
     return {"total": total, "ops": top}
-
-
-def _ratio(over: list[float], under: list[float]) -> dict[str, Any]:
-    """Of the medians, and the median of the same-round ratios."""
-    same_round = [o / u for o, u in zip(over, under, strict=True)]
-    return {
-        "of_medians": spread(over)["median"] / spread(under)["median"],
-        "same_round": spread(same_round),
-    }
 
 
 def run_memory(repeats: int, dtype: str, threads: int) -> dict[str, Any]:
@@ -331,10 +359,18 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--rounds",
         type=int,
-        help="rounds per scenario, each starting one fresh engine per model",
+        help="rounds per scenario, each starting one fresh engine per model (default 8, "
+        "3 with --quick); the printed resolution says whether they were enough",
     )
     parser.add_argument(
-        "--runs", type=int, help="timed runs per engine process (its median is one sample)"
+        "--runs",
+        type=int,
+        help="timed runs per engine per round, interleaved across the models (default 3)",
+    )
+    parser.add_argument(
+        "--stock-llama",
+        action="store_true",
+        help="throughput: also the stock (SiLU) Llama, to price the activation alone",
     )
     parser.add_argument(
         "--threads",
@@ -364,7 +400,7 @@ def _parse_args() -> argparse.Namespace:
     )
     args = parser.parse_args()
     args.rounds = args.rounds or (3 if args.quick else 8)
-    args.runs = args.runs or (1 if args.quick else 2)
+    args.runs = args.runs or (1 if args.quick else 3)
     args.memory_repeats = 1 if args.quick else 3
     return args
 
@@ -379,8 +415,15 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "memory_repeats": args.memory_repeats,
         "throughput_dims": dims,
         "vocab_size": dims.get("vocab_size", "320 (the tiny tokenizer's checkpoints, both models)"),
+        "weights": f"random N(0, {WEIGHT_STD}), norm weights U(0.8, 1.2); the Llama "
+        "holds the Spark2_5 checkpoint's own tensors (no g_proj)",
         "baselines": "in-tree LlamaForCausalLM, identical dims, layer_types and window, "
-        "no output gate, one RoPE: stock (SiLU MLP) and with exact GELU in its MLP",
+        "no output gate, one RoPE, exact GELU in its MLP"
+        + (", and stock (SiLU MLP)" if args.stock_llama else ""),
+        "rounds_design": "each round: one fresh engine process per model, all alive, "
+        "their timed runs interleaved in rotating order; ratios are geometric means of "
+        "same-round ratios with a 95% t interval",
+        "allocator": _allocator(),
         "engine": "offline LLM.generate, in-process engine, VLLM_CPU_KVCACHE_SPACE=1; "
         + (
             "throughput in vLLM's default mode (torch.compile), memory eager"
@@ -388,6 +431,28 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
             else "enforce_eager"
         ),
     }
+
+
+def _chosen_scenarios(args: argparse.Namespace) -> list[Scenario]:
+    scenarios = Scenario.for_mode(args.quick, args.dims)
+    chosen = [s for s in scenarios if args.scenario is None or args.scenario in s.name]
+    if not chosen:
+        names = "; ".join(repr(s.name) for s in scenarios)
+        raise SystemExit(
+            f"--scenario {args.scenario!r} names none of the --dims {args.dims} scenarios: "
+            f"{names}. Give part of one of those names."
+        )
+    return chosen
+
+
+def _allocator() -> dict[str, str] | str:
+    """What the engines allocate with: their inherited preload and glibc tunables."""
+    settings = {
+        key: value
+        for key, value in os.environ.items()
+        if key == "LD_PRELOAD" or key.startswith(("MALLOC_", "GLIBC_TUNABLES", "THP_MEM"))
+    }
+    return settings or "glibc malloc, default settings (no LD_PRELOAD)"
 
 
 def main() -> int:
@@ -400,12 +465,11 @@ def main() -> int:
             "threads": args.threads,
             "enforce_eager": not args.compiled,
         }
+        models = ("spark2_5", GELU_LLAMA) + (("llama",) if args.stock_llama else ())
+        rounds = RoundPlan(models, args.rounds, args.runs)
         results["throughput"] = [
-            run_throughput(
-                scenario, THROUGHPUT_DIMS[args.dims], args.rounds, args.runs, engine_settings
-            )
-            for scenario in Scenario.for_mode(args.quick, args.dims)
-            if args.scenario is None or args.scenario in scenario.name
+            run_throughput(scenario, THROUGHPUT_DIMS[args.dims], rounds, engine_settings)
+            for scenario in _chosen_scenarios(args)
         ]
     if args.only in (None, "memory"):
         results["memory"] = run_memory(args.memory_repeats, args.dtype, args.threads)

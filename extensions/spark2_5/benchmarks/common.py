@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shlex
@@ -198,6 +199,32 @@ def spread(values: Sequence[float]) -> dict[str, Any]:
         "min": min(values),
         "max": max(values),
         "samples": list(values),
+    }
+
+
+# Student's t, two-sided 95%, by degrees of freedom 1-30 (the normal 1.960 beyond).
+T_975 = (
+    *(12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228),
+    *(2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086),
+    *(2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042),
+)
+
+
+def ratio_interval(ratios: Sequence[float]) -> dict[str, Any]:
+    """The geometric mean of paired ratios and its 95% confidence interval (t on the
+    logs): the interval's half-width is the resolution the samples achieved."""
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        half = math.inf
+    else:
+        t = T_975[len(logs) - 2] if len(logs) - 1 <= len(T_975) else 1.960
+        half = t * statistics.stdev(logs) / math.sqrt(len(logs))
+    return {
+        "geomean": math.exp(mean),
+        "ci95": [math.exp(mean - half), math.exp(mean + half)],
+        "resolution": math.exp(half) - 1,
+        "samples": list(ratios),
     }
 
 

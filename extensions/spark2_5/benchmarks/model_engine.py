@@ -17,6 +17,10 @@ from typing import Any
 
 from common import use_in_process_engine
 
+# Far beyond any one command of the benchmark (an engine start, a run, a profile):
+# a stuck engine ends the benchmark instead of holding the machine.
+ANSWER_TIMEOUT_S = 900
+
 
 @dataclass
 class EngineSpec:
@@ -164,6 +168,12 @@ class Engine:
 
     def _receive(self) -> dict[str, Any]:
         try:
+            if not self.conn.poll(ANSWER_TIMEOUT_S):
+                self.process.kill()
+                raise RuntimeError(
+                    f"the engine process (pid {self.process.pid}) did not answer within "
+                    f"{ANSWER_TIMEOUT_S} s and was killed; its log is above"
+                )
             return self.conn.recv()
         except EOFError:
             self.process.join()

@@ -25,22 +25,17 @@ def print_report(results: dict[str, Any]) -> None:
                         )
                     )
         print(table(("scenario", "clock", "model", "output tok/s"), rows))
-        print("\nRatios (of medians; median of same-round ratios):")
+        print("\nRatios, geometric mean of rounds [95% interval]:")
         rows = [
             (
                 item["scenario"]["name"],
                 pair,
-                *(
-                    f"{ratios[clock]['of_medians']:.3f}; "
-                    f"{ratios[clock]['same_round']['median']:.3f}"
-                    for clock in ("wall", "cpu")
-                ),
+                *(_interval(ratios[clock]) for clock in ("wall", "cpu")),
             )
             for item in results["throughput"]
             for pair, ratios in item["ratios"].items()
         ]
         print(table(("scenario", "ratio", CLOCKS["wall"], CLOCKS["cpu"]), rows))
-        print_ratio_spread(results["throughput"])
         for item in results["throughput"]:
             print_op_profile(item["scenario"]["name"], item["op_self_cpu_ms"])
     if "memory" in results:
@@ -77,22 +72,9 @@ def print_memory(memory: dict[str, Any]) -> None:
     )
 
 
-def print_ratio_spread(throughput: list[dict[str, Any]]) -> None:
-    """How far one round's ratio strays: the resolution of the medians above."""
-    rows = [
-        (
-            item["scenario"]["name"],
-            pair,
-            *(
-                "{min:.3f}-{max:.3f}".format(**ratios[clock]["same_round"])
-                for clock in ("wall", "cpu")
-            ),
-        )
-        for item in throughput
-        for pair, ratios in item["ratios"].items()
-    ]
-    print("\nSame-round ratios, min-max:")
-    print(table(("scenario", "ratio", CLOCKS["wall"], CLOCKS["cpu"]), rows))
+def _interval(ratio: dict[str, Any]) -> str:
+    low, high = ratio["ci95"]
+    return f"{ratio['geomean']:.3f} [{low:.3f}, {high:.3f}]"
 
 
 def print_op_profile(scenario: str, profiles: dict[str, dict[str, Any]]) -> None:

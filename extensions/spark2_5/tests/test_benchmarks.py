@@ -34,6 +34,18 @@ def test_script_accepts_quick_and_out(script: str):
     assert "--quick" in done.stdout and "--out" in done.stdout
 
 
+def test_bench_model_names_the_scenarios_when_none_matches():
+    options = ["--only", "throughput", "--dims", "4b-layers", "--scenario", "batch 1 "]
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_model.py"), *options],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0
+    assert "--scenario 'batch 1 ' names none of the --dims 4b-layers scenarios" in done.stderr
+    assert "'decode, batch 1, 4B layers (3 sliding : 1 full)'" in done.stderr
+
+
 def test_table_and_spread(benchmarks_on_path):
     from common import spread, table
 
@@ -42,6 +54,49 @@ def test_table_and_spread(benchmarks_on_path):
     rendered = table(("name", "value"), [("a", 1234), ("bb", 0.5)]).splitlines()
     assert rendered[0] == "| name | value |"
     assert rendered[2:] == ["| a    | 1,234 |", "| bb   | 0.500 |"]
+
+
+def test_ratio_interval_widens_with_spread_and_narrows_with_samples(benchmarks_on_path):
+    from common import ratio_interval
+
+    tight = ratio_interval([0.99, 1.01] * 4)
+    assert tight["geomean"] == pytest.approx(1.0, abs=1e-4)
+    assert tight["ci95"][0] < 1.0 < tight["ci95"][1]
+    assert ratio_interval([0.95, 1.05] * 4)["resolution"] > tight["resolution"]
+    assert ratio_interval([0.99, 1.01] * 16)["resolution"] < tight["resolution"]
+    assert ratio_interval([0.97])["resolution"] == float("inf")
+
+
+def test_the_llama_twin_holds_the_spark2_5_checkpoints_own_tensors(tmp_path):
+    """bench_model's baseline computes on the carrier's numbers: every tensor of the
+    Llama twin is the Spark2_5 tensor it stands for, and it has every tensor an
+    in-tree Llama of that config has, nothing else."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from spark2_5_dev.checkpoints import build_llama_twin, build_spark2_5_checkpoint
+
+    spark_path = build_spark2_5_checkpoint(tmp_path / "spark", seed=3, std=0.02, qkv="split")
+    twin_path = build_llama_twin(
+        build_spark2_5_checkpoint(tmp_path / "fused", seed=3, std=0.02), tmp_path / "twin"
+    )
+    spark = load_file(str(spark_path / "model.safetensors"))
+    twin = load_file(str(twin_path / "model.safetensors"))
+    config = LlamaConfig.from_pretrained(str(twin_path))
+    with torch.device("meta"):
+        expected = set(LlamaForCausalLM(config).state_dict())
+    assert set(twin) == expected
+    spark_names = {
+        name: name.replace(".embed_tokens.", ".embedding.").replace(".o_proj.", ".out_proj.")
+        for name in twin
+    }
+    spark_names["lm_head.weight"] = "model.embedding.weight"  # tied in the Spark2_5 one
+    for name, tensor in twin.items():
+        assert torch.equal(tensor, spark[spark_names[name]]), name
+    spark_config = json.loads((spark_path / "config.json").read_text())
+    for key in ("hidden_size", "head_dim", "num_key_value_heads", "layer_types"):
+        assert getattr(config, key) == spark_config[key], key
 
 
 def test_command_line_has_no_absolute_paths(benchmarks_on_path, monkeypatch, tmp_path):
@@ -92,7 +147,7 @@ def test_4b_shape_is_a_valid_spark2_5_config(benchmarks_on_path, tmp_path):
     assert not list(path.glob("*.safetensors")), "weights come from --load-format dummy"
 
 
-THROUGHPUT_RECORDS = ("perf-model.json", "perf-model-compiled.json")
+THROUGHPUT_RECORDS = ("perf-model.json", "perf-model-compiled.json", "perf-model-4b.json")
 
 
 def _rendered_tables(capsys, record_name: str) -> dict[str, list[str]]:
@@ -116,14 +171,15 @@ def test_the_model_throughput_figures_in_the_docs_are_the_archived_record(
     benchmarks_on_path, capsys, record_name
 ):
     """docs/benchmarks.md holds each record's like-for-like ratios (the carrier over the
-    exact-GELU Llama, what the 0.95 target applies to) as the record renders them, and
-    no scenario row that neither record renders (a figure typed by hand or gone stale).
-    The other ratios, the tok/s and the operator tables stay in the records."""
+    exact-GELU Llama) as the record renders them, and no scenario row that no record
+    renders (a figure typed by hand or gone stale). The tok/s and the operator
+    tables stay in the records."""
     tables = _rendered_tables(capsys, record_name)
     (ratios,) = [rows for title, rows in tables.items() if title.startswith("Ratios")]
     like_for_like = [row for row in ratios if "| spark2_5 / llama with exact-GELU MLP |" in row]
     doc = (CARRIER / "docs" / "benchmarks.md").read_text(encoding="utf-8").splitlines()
-    assert len(like_for_like) == 2
+    record = json.loads((CARRIER / "evidence" / record_name).read_text())
+    assert len(like_for_like) == len(record["results"]["throughput"])
     assert [row for row in [*ratios[:2], *like_for_like] if row not in doc] == []
     rendered = {
         row
@@ -131,5 +187,6 @@ def test_the_model_throughput_figures_in_the_docs_are_the_archived_record(
         for rows in _rendered_tables(capsys, name).values()
         for row in rows
     }
-    scenario_rows = [line for line in doc if line.startswith(("| decode", "| long prompts"))]
+    scenarios = ("| decode", "| long prompts", "| prefill")
+    scenario_rows = [line for line in doc if line.startswith(scenarios)]
     assert scenario_rows and [row for row in scenario_rows if row not in rendered] == []
