@@ -30,7 +30,7 @@ def print_report(results: dict[str, Any]) -> None:
             (
                 item["scenario"]["name"],
                 pair,
-                *(_interval(ratios[clock]) for clock in ("wall", "cpu")),
+                *(ratio_cell(ratios[clock]) for clock in ("wall", "cpu")),
             )
             for item in results["throughput"]
             for pair, ratios in item["ratios"].items()
@@ -72,7 +72,7 @@ def print_memory(memory: dict[str, Any]) -> None:
     )
 
 
-def _interval(ratio: dict[str, Any]) -> str:
+def ratio_cell(ratio: dict[str, Any]) -> str:
     low, high = ratio["ci95"]
     return f"{ratio['geomean']:.3f} [{low:.3f}, {high:.3f}]"
 
