@@ -79,7 +79,7 @@ def test_the_llama_twin_holds_the_spark2_5_checkpoints_own_tensors(tmp_path):
 
     spark_path = build_spark2_5_checkpoint(tmp_path / "spark", seed=3, std=0.02, qkv="split")
     twin_path = build_llama_twin(
-        build_spark2_5_checkpoint(tmp_path / "fused", seed=3, std=0.02), tmp_path / "twin"
+        build_spark2_5_checkpoint(tmp_path / "fused", seed=3, std=0.02, shards=2), tmp_path / "twin"
     )
     spark = load_file(str(spark_path / "model.safetensors"))
     twin = load_file(str(twin_path / "model.safetensors"))

@@ -314,11 +314,12 @@ def build_llama_twin(spark2_5_path: str | Path, path: str | Path) -> Path:
     ``g_proj`` output gate, the per-layer-type RoPE: Llama takes the sliding
     layers'). A benchmark then times both models on the same numbers.
     """
-    from safetensors.torch import load_file
     from transformers import LlamaConfig
 
+    from spark2_5_dev.reference import checkpoint_tensors
+
     spark = read_config(spark2_5_path)
-    tensors = _split_qkv(load_file(str(Path(spark2_5_path) / "model.safetensors")), spark)
+    tensors = _split_qkv(checkpoint_tensors(Path(spark2_5_path)), spark)
     for name in list(tensors):
         renamed = name
         for spark_part, llama_part in _LLAMA_NAMES.items():
