@@ -189,8 +189,8 @@ def run_throughput(
     }
     with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp:
         specs = _engine_specs(_build_models(Path(tmp), scenario, dims), scenario, engine_settings)
+        models = {name: specs[name] for name in rounds.models}
         for index in range(rounds.count):
-            models = {name: specs[name] for name in rounds.models}
             samples = _round(models, request, rounds.runs, profile=index == 0)
             for name, sample in samples.items():
                 for key in rates:
