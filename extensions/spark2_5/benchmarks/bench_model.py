@@ -52,6 +52,7 @@ from common import (
     SMALL_SPARK_DIMS,
     Record,
     base_parser,
+    positive_int,
     ratio_interval,
     spread,
 )
@@ -358,13 +359,13 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument(
         "--rounds",
-        type=int,
+        type=positive_int,
         help="rounds per scenario, each starting one fresh engine per model (default 8, "
         "3 with --quick); the printed resolution says whether they were enough",
     )
     parser.add_argument(
         "--runs",
-        type=int,
+        type=positive_int,
         help="timed runs per engine per round, interleaved across the models (default 3)",
     )
     parser.add_argument(

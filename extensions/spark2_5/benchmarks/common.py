@@ -77,6 +77,17 @@ def use_in_process_engine(threads: int) -> None:
     os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (rounds, runs, repeats)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return value
+
+
 def base_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", type=Path, help="write the JSON record here")

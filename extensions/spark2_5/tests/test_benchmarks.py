@@ -46,6 +46,18 @@ def test_bench_model_names_the_scenarios_when_none_matches():
     assert "'decode, batch 1, 4B layers (3 sliding : 1 full)'" in done.stderr
 
 
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_bench_model_refuses_rounds_and_runs_below_one(value: str):
+    for option in ("--rounds", "--runs"):
+        done = subprocess.run(
+            [sys.executable, str(BENCHMARKS / "bench_model.py"), option, value],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 2
+        assert f"{option}: {value!r} is not a whole number of at least 1" in done.stderr
+
+
 def test_table_and_spread(benchmarks_on_path):
     from common import spread, table
 
