@@ -17,12 +17,14 @@ machine: ``python -m spark2_5_dev.fixture`` prints its path.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,8 +236,28 @@ def _reproduces_all(model: Any, examples: list[tuple[list[int], list[int]]]) -> 
     return True
 
 
+@contextlib.contextmanager
+def _one_intra_op_thread() -> Iterator[None]:
+    """Run torch on one thread: the tiny model gains little from a second, and on a
+    busy 2-core machine a 2-thread team waits at every op for a descheduled
+    thread (training was measured 30 to 60 times slower beside other suites)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def train(out_dir: Path, log: Any = print) -> Path:
     """Train the fixture into ``out_dir`` (created); raise if it does not converge."""
+    with _one_intra_op_thread():
+        return _train(out_dir, log)
+
+
+def _train(out_dir: Path, log: Any) -> Path:
     import torch
     from transformers import AutoTokenizer
 
