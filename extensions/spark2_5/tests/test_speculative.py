@@ -10,10 +10,15 @@ import pytest
 from spark2_5_dev import speculative
 from spark2_5_dev.drivers import run_driver
 
-# vLLM 0.23's CPU rejection sampler calls its own kernel with an argument it does not
-# take: speculative decoding fails there in vLLM's sampler, for EAGLE-1 too, which asks
-# nothing of the model.
-VLLM_023_SAMPLER_BUG = "unexpected keyword argument 'USE_FP64_GUMBEL'"
+# Releases whose CPU build cannot decode speculatively at all, for EAGLE-1 too, which
+# asks nothing of the model: the error each raises in its own code, and where.
+HOST_SPECULATION_BUGS = {
+    # 0.23: the rejection sampler calls its kernel with an argument it does not take.
+    "unexpected keyword argument 'USE_FP64_GUMBEL'": "vLLM's CPU rejection sampler",
+    # 0.30: the drafter's per-step slot-mapping update launches a Triton kernel, which
+    # the CPU build has only as a placeholder its launcher cannot inspect.
+    "Cannot inspect kernel parameters for function": "vLLM's drafter step (a Triton kernel)",
+}
 
 pytestmark = pytest.mark.slow  # four engines in one driver process
 
@@ -24,8 +29,9 @@ def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
     try:
         return run_driver("spark2_5_dev.speculative", [], workdir, timeout=900)
     except AssertionError as failed:
-        if VLLM_023_SAMPLER_BUG in str(failed):
-            pytest.xfail(f"vLLM's CPU rejection sampler: TypeError ... {VLLM_023_SAMPLER_BUG}")
+        for message, where in HOST_SPECULATION_BUGS.items():
+            if message in str(failed):
+                pytest.xfail(f"{where} on this vLLM's CPU build: TypeError ... {message}")
         raise
 
 
