@@ -20,3 +20,17 @@ def test_training_runs_on_one_thread_and_restores_the_callers_count():
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_train_runs_its_steps_inside_the_one_thread_setting(monkeypatch, tmp_path):
+    """``train`` itself takes the one-thread setting, not only the helper."""
+    seen = []
+    monkeypatch.setattr(fixture, "_train", lambda out, log: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        fixture.train(tmp_path)
+        assert seen == [1]
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
