@@ -26,20 +26,26 @@ pytestmark = pytest.mark.slow  # four engines in one driver process
 @pytest.fixture(scope="module")
 def result(tmp_path_factory: pytest.TempPathFactory) -> dict:
     workdir = tmp_path_factory.mktemp("speculative")
-    try:
-        return run_driver("spark2_5_dev.speculative", [], workdir, timeout=900)
-    except AssertionError as failed:
-        for message, where in HOST_SPECULATION_BUGS.items():
-            if message in str(failed):
-                pytest.xfail(f"{where} on this vLLM's CPU build: TypeError ... {message}")
-        raise
+    return run_driver("spark2_5_dev.speculative", [], workdir, timeout=900)
+
+
+def generated(result: dict, part: str) -> list[list[int]]:
+    """The tokens ``part`` generated; an expected failure when it failed by a known
+    bug of this vLLM's CPU build, a failure naming the error otherwise."""
+    error = result["errors"].get(part)
+    if error is None:
+        return result[part]
+    for message, where in HOST_SPECULATION_BUGS.items():
+        if message in error:
+            pytest.xfail(f"{where} on this vLLM's CPU build: {error[:300]}")
+    pytest.fail(f"{part} failed: {error}")
 
 
 @pytest.mark.parametrize("method", ["eagle", "eagle3"])
 def test_greedy_tokens_with_a_draft_head_are_those_without(result, method):
-    plain = result["plain"]
+    plain = generated(result, "plain")
     assert [len(tokens) for tokens in plain] == [speculative.NEW_TOKENS] * len(plain)
-    assert result[method] == plain
+    assert generated(result, method) == plain
 
 
 def test_an_eagle3_head_asking_for_a_missing_layer_is_refused_by_name(result):
@@ -51,7 +57,8 @@ def test_an_eagle3_head_asking_for_a_missing_layer_is_refused_by_name(result):
 def test_greedy_tokens_with_a_spark2_5_draft_model_are_those_without(result):
     # Where vLLM has use_local_argmax_reduction, the draft's tokens come from its
     # get_top_tokens: without that hook the drafter fails on its first step.
-    assert result["draft_model"] == result["full_attention_plain"]
+    plain = generated(result, "full_attention_plain")
+    assert generated(result, "draft_model") == plain
 
 
 def test_a_draft_model_over_sliding_window_layers_is_refused_by_name(result):
@@ -63,6 +70,8 @@ def test_a_draft_model_over_sliding_window_layers_is_refused_by_name(result):
 def test_the_rope_cache_leaves_room_for_the_drafted_tokens(result):
     """A draft may propose tokens past the last position served; the cache covers them."""
     rows = result["rope_rows"]
+    if rows["eagle3"] is None:  # that engine did not start: say why
+        generated(result, "eagle3")
     assert rows == {
         "plain": speculative.MAX_MODEL_LEN,
         "eagle3": speculative.MAX_MODEL_LEN + speculative.SPECULATIVE_TOKENS,

@@ -7,7 +7,8 @@ Spark2_5 as the draft model of a Spark2_5 of full-attention layers, its draft
 tokens taken with ``get_top_tokens`` where vLLM has that option. Greedy
 generation with each must give exactly the tokens of generation without
 speculation: the target model verifies every drafted token. One in-process
-engine at a time, float32.
+engine at a time, float32. Each part's failure is recorded on its own (``errors``)
+and the parts after it still run: the tests judge each one.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ from __future__ import annotations
 import gc
 import json
 import random
+import traceback
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -139,22 +143,25 @@ def run(workdir: Path) -> dict[str, Any]:
         "eagle": build_head(target, workdir / "eagle-head", eagle3=False),
         "eagle3": build_head(target, workdir / "eagle3-head", eagle3=True),
     }
-    result: dict[str, Any] = {"plain": _generate(target, batch, None, plain := {})}
+    result: dict[str, Any] = {"errors": {}}
+    record: dict[str, dict] = {part: {} for part in ("plain", *heads)}
+    _attempt(result, "plain", partial(_generate, target, batch, None, record["plain"]))
     for method, head in heads.items():
-        result[method] = _generate(target, batch, _speculative(method, head), drafted := {})
-    result["rope_rows"] = {"plain": plain["rope_rows"], "eagle3": drafted["rope_rows"]}
+        speculative = _speculative(method, head)
+        _attempt(result, method, partial(_generate, target, batch, speculative, record[method]))
+    result["rope_rows"] = {part: record[part].get("rope_rows") for part in ("plain", "eagle3")}
     # A head that asks for a layer the target does not have.
     wrong = build_head(target, workdir / "wrong-layers-head", eagle3=True, layers=(1, 2, 9))
-    try:
-        _generate(target, batch[:1], _speculative("eagle3", wrong))
-        result["refusal_out_of_range"] = ""
-    except Exception as error:  # the engine's own error, as a user sees it
-        result["refusal_out_of_range"] = f"{type(error).__name__}: {error}"
-    result.update(_draft_models(workdir, batch, target))
+    result["refusal_out_of_range"] = _refusal(
+        lambda: _generate(target, batch[:1], _speculative("eagle3", wrong))
+    )
+    _draft_models(result, workdir, batch, target)
     return result
 
 
-def _draft_models(workdir: Path, batch: list[list[int]], hybrid: Path) -> dict[str, Any]:
+def _draft_models(
+    result: dict[str, Any], workdir: Path, batch: list[list[int]], hybrid: Path
+) -> None:
     full = ["full_attention"] * 4
     target = build_spark2_5_checkpoint(workdir / "full-target", seed=SEED, layer_types=full)
     draft = build_spark2_5_checkpoint(
@@ -163,16 +170,34 @@ def _draft_models(workdir: Path, batch: list[list[int]], hybrid: Path) -> dict[s
     speculative = _speculative("draft_model", draft)
     if host_features.takes_draft_tokens_by_local_argmax():
         speculative["use_local_argmax_reduction"] = True
-    result: dict[str, Any] = {
-        "full_attention_plain": _generate(target, batch, None),
-        "draft_model": _generate(target, batch, speculative),
-    }
+    _attempt(result, "full_attention_plain", partial(_generate, target, batch, None))
+    _attempt(result, "draft_model", partial(_generate, target, batch, speculative))
+    result["refusal_draft_model_over_sliding"] = _refusal(
+        lambda: _generate(hybrid, batch[:1], speculative)
+    )
+
+
+def _attempt(result: dict[str, Any], part: str, generate: Callable[[], Any]) -> None:
+    """``result[part] = generate()``; when it raises, the error goes to
+    ``result["errors"][part]`` (its traceback to the log) and the run goes on."""
     try:
-        _generate(hybrid, batch[:1], speculative)
-        result["refusal_draft_model_over_sliding"] = ""
+        result[part] = generate()
+    except Exception as error:  # the engine's own error, judged by the tests
+        traceback.print_exc()
+        result["errors"][part] = _as_read(error)
+
+
+def _refusal(generate: Callable[[], Any]) -> str:
+    """The error a run that must be refused raises, as a user reads it; "" if none."""
+    try:
+        generate()
     except Exception as error:
-        result["refusal_draft_model_over_sliding"] = f"{type(error).__name__}: {error}"
-    return result
+        return _as_read(error)
+    return ""
+
+
+def _as_read(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
 
 
 def _speculative(method: str, head: Path) -> dict[str, Any]:
@@ -185,7 +210,8 @@ if __name__ == "__main__":
         __doc__.splitlines()[0],
         run,
         lambda result: {
-            **{m: result[m] == result["plain"] for m in ("eagle", "eagle3")},
-            "draft_model": result["draft_model"] == result["full_attention_plain"],
+            **{m: result.get(m) == result.get("plain") for m in ("eagle", "eagle3")},
+            "draft_model": result.get("draft_model") == result.get("full_attention_plain"),
+            "errors": sorted(result["errors"]),
         },
     )
