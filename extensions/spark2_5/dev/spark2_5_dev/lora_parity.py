@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from spark2_5_dev import lora, parity
+from spark2_5_dev.drivers import import_cpu_worker_first
 
 CHECKPOINT_SEED = 8
 RANK = 8
@@ -139,6 +140,7 @@ def run(workdir: str | Path) -> dict[str, Any]:
     reference = Spark2_5Reference.from_pretrained(checkpoint)
     # One LoRA slot more than adapters: vLLM's CPU LoRA ops give requests without
     # an adapter the adapter in the last slot once every slot is taken.
+    import_cpu_worker_first()
     llm = LLM(
         model=str(checkpoint),
         dtype="float32",

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from spark2_5_dev.checkpoints import build_llama_checkpoint, read_config
-from spark2_5_dev.drivers import driver_main
+from spark2_5_dev.drivers import driver_main, import_cpu_worker_first
 
 PLAIN = [5, 17, 29, 41]
 MAX_MODEL_LEN = 256
@@ -65,6 +65,7 @@ def run(workdir: Path) -> dict[str, Any]:
 
     model = build_llama_checkpoint(workdir / "llama", seed=3)
     adapter = write_nan_adapter(model, workdir / "nan-adapter")
+    import_cpu_worker_first()
     llm = LLM(
         str(model),
         dtype="float32",
