@@ -192,7 +192,7 @@ def run_throughput(
         specs = _engine_specs(_build_models(Path(tmp), scenario, dims), scenario, engine_settings)
         models = {name: specs[name] for name in rounds.models}
         for index in range(rounds.count):
-            samples = _round(models, request, rounds.runs, profile=index == 0)
+            samples = _round(models, request, rounds.runs, index, profile=index == 0)
             for name, sample in samples.items():
                 for key in rates:
                     rates[key][name].append(sample[key])
@@ -246,22 +246,34 @@ def _engine_specs(
     }
 
 
+def _rotated(names: list[str], shift: int) -> list[str]:
+    shift %= len(names)
+    return names[shift:] + names[:shift]
+
+
 def _round(
-    specs: dict[str, EngineSpec], request: dict[str, Any], runs: int, profile: bool = False
+    specs: dict[str, EngineSpec],
+    request: dict[str, Any],
+    runs: int,
+    index: int,
+    profile: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """One fresh engine process per model, all alive at once, their timed runs
     interleaved in rotating order: a slow spell of the machine (memory bandwidth
     taken by a neighbour, a slower clock) falls on every model alike, which
-    running one engine after the other does not give."""
+    running one engine after the other does not give. Which model starts first
+    rotates by round too: with one checkpoint started twice under plain glibc
+    malloc, the first engine started measured about 10% slower than the second."""
     names = list(specs)
     with contextlib.ExitStack() as stack:
-        engines = {name: stack.enter_context(Engine(spec)) for name, spec in specs.items()}
+        engines = {
+            name: stack.enter_context(Engine(specs[name])) for name in _rotated(names, index)
+        }
         for engine in engines.values():
             engine.ask("generate", {"prompts": request["prompts"][:4], "output_len": 4})
         results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         for cycle in range(runs):
-            shift = cycle % len(names)
-            for name in names[shift:] + names[:shift]:
+            for name in _rotated(names, cycle):
                 results[name].append(engines[name].ask("generate", request))
         ops = {
             name: _top_ops(engines[name].ask("profile", request)) if profile else None
