@@ -68,11 +68,15 @@ MEMORY_DIMS = {
     "intermediate_size": 512,
 }
 GELU_LLAMA = "llama with exact-GELU MLP"
+# A second engine of the carrier's own checkpoint: an A/A control.
+CONTROL = "spark2_5 again"
 # A trained model's weight scale (the 4B's initializer_range): activations stay O(1).
 WEIGHT_STD = 0.02
-# The headline (same work but the gate), against stock Llama, and the activation alone.
+# The headline (same work but the gate), against stock Llama, the activation alone,
+# and the control: 1.00 by construction, so its interval is what the set-up resolves.
 RATIOS = (
     ("spark2_5", GELU_LLAMA),
+    ("spark2_5", CONTROL),
     ("spark2_5", "llama"),
     (GELU_LLAMA, "llama"),
 )
@@ -241,6 +245,7 @@ def _engine_specs(
     shared = {"max_model_len": scenario.max_model_len, **settings}
     return {
         "spark2_5": EngineSpec(str(paths["spark2_5"]), **shared),
+        CONTROL: EngineSpec(str(paths["spark2_5"]), **shared),
         GELU_LLAMA: EngineSpec(str(paths["llama"]), **shared, exact_gelu_mlp=True),
         "llama": EngineSpec(str(paths["llama"]), **shared),
     }
@@ -386,6 +391,13 @@ def _parse_args() -> argparse.Namespace:
         help="throughput: also the stock (SiLU) Llama, to price the activation alone",
     )
     parser.add_argument(
+        "--control",
+        action="store_true",
+        help="throughput: also a second engine of the carrier's checkpoint; its ratio to "
+        "the first is 1.00 by construction, so what it shows is the set-up's own noise "
+        "and bias",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=1,
@@ -432,7 +444,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "holds the Spark2_5 checkpoint's own tensors (no g_proj)",
         "baselines": "in-tree LlamaForCausalLM, identical dims, layer_types and window, "
         "no output gate, one RoPE, exact GELU in its MLP"
-        + (", and stock (SiLU MLP)" if args.stock_llama else ""),
+        + (", and stock (SiLU MLP)" if args.stock_llama else "")
+        + ("; control: a second engine of the carrier's checkpoint" if args.control else ""),
         "rounds_design": "each round: one fresh engine process per model, all alive, "
         "their timed runs interleaved in rotating order; ratios are geometric means of "
         "same-round ratios with a 95% t interval",
@@ -478,7 +491,11 @@ def main() -> int:
             "threads": args.threads,
             "enforce_eager": not args.compiled,
         }
-        models = ("spark2_5", GELU_LLAMA) + (("llama",) if args.stock_llama else ())
+        models = (
+            ("spark2_5", GELU_LLAMA)
+            + (("llama",) if args.stock_llama else ())
+            + ((CONTROL,) if args.control else ())
+        )
         rounds = RoundPlan(models, args.rounds, args.runs)
         results["throughput"] = [
             run_throughput(scenario, THROUGHPUT_DIMS[args.dims], rounds, engine_settings)
