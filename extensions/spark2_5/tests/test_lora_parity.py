@@ -19,7 +19,7 @@ from spark2_5_dev.host_features import cpu_lora_ops_skip_requests_without_an_ada
 def measured(tmp_path_factory: pytest.TempPathFactory) -> dict:
     workdir = tmp_path_factory.mktemp("lora-parity")
     # A cold model-info cache, as on a first run: on vLLM 0.23 its miss imports the
-    # LoRA code before the CPU worker (drivers.import_cpu_worker_first).
+    # LoRA code before the CPU worker (engines.in_process_llm).
     cold = {"VLLM_CACHE_ROOT": str(workdir / "vllm-cache")}
     return run_driver(
         "spark2_5_dev.lora_parity", [], workdir, timeout=1200, name="lora-parity", env=cold

@@ -4,8 +4,6 @@ whose engines run in that process, and reading back the JSON it writes."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import json
 import os
 import subprocess
@@ -15,17 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from spark2_5_dev.parity import ENGINE_ENV, FP32_LOGPROB_TOLERANCE, NEW_TOKENS
-
-
-def import_cpu_worker_first() -> None:
-    """Import vLLM's CPU worker before an in-process LoRA engine starts, the order
-    a worker process has. Importing it swaps vLLM's host-to-device copy for one
-    that does not pin memory; on vLLM 0.23 a model-info cache miss (which another
-    release writing the shared cache causes) imports vLLM's LoRA code first in the
-    engine's own process, that code keeps the pinning copy, and the engine fails at
-    warm-up with "Found no NVIDIA driver", for in-tree models too."""
-    with contextlib.suppress(ModuleNotFoundError):
-        importlib.import_module("vllm.v1.worker.cpu_worker")
 
 
 def run_driver(

@@ -37,6 +37,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from spark2_5_dev.engines import in_process_llm
 from spark2_5_dev.parity import (
     ENGINE_ENV,
     FP32_LOGPROB_TOLERANCE,
@@ -200,9 +201,7 @@ def _converse(llm: Any) -> list[dict[str, Any]]:
 
 
 def _serve_cache_engine(path: Path, settings: dict[str, Any], batch: list[list[int]]):
-    from vllm import LLM
-
-    llm = LLM(
+    llm = in_process_llm(
         model=str(path),
         dtype="float32",
         max_model_len=CACHE_MAX_MODEL_LEN,
@@ -292,9 +291,7 @@ def _rope_caches(llm: Any) -> list[dict[str, Any]]:
 def _serve_long(path: Path, dtype: str, batch: list[list[int]]) -> dict[str, Any]:
     """One engine at :data:`LONG_MAX_MODEL_LEN`: its KV-cache layout, its RoPE caches
     and the greedy continuations of ``batch``."""
-    from vllm import LLM
-
-    llm = LLM(
+    llm = in_process_llm(
         model=str(path), dtype=dtype, max_model_len=LONG_MAX_MODEL_LEN, enforce_eager=True, seed=0
     )
     served = {

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from spark2_5_dev import lora, parity
-from spark2_5_dev.drivers import import_cpu_worker_first
+from spark2_5_dev.engines import in_process_llm
 
 CHECKPOINT_SEED = 8
 RANK = 8
@@ -120,7 +120,6 @@ def run(workdir: str | Path) -> dict[str, Any]:
         os.environ.setdefault(name, value)
     import torch
     import vllm
-    from vllm import LLM
     from vllm.lora.request import LoRARequest
 
     from spark2_5_dev.checkpoints import build_spark2_5_checkpoint, read_config
@@ -140,8 +139,7 @@ def run(workdir: str | Path) -> dict[str, Any]:
     reference = Spark2_5Reference.from_pretrained(checkpoint)
     # One LoRA slot more than adapters: vLLM's CPU LoRA ops give requests without
     # an adapter the adapter in the last slot once every slot is taken.
-    import_cpu_worker_first()
-    llm = LLM(
+    llm = in_process_llm(
         model=str(checkpoint),
         dtype="float32",
         max_model_len=parity.MAX_MODEL_LEN,

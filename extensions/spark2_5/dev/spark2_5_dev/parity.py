@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spark2_5_dev.engines import in_process_llm
+
 # Real vLLM in this process, on the CPU machines the project runs on.
 ENGINE_ENV = {
     "SPARK2_5_PLUGIN_ENABLE": "1",
@@ -107,9 +109,9 @@ def prompts(seed: int, vocab_size: int) -> list[list[int]]:
 
 
 def _serve(llm_kwargs: dict[str, Any], batch: list[list[int]]) -> list[dict[str, list]]:
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    llm = LLM(**llm_kwargs)
+    llm = in_process_llm(**llm_kwargs)
     params = SamplingParams(
         temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=1, detokenize=False
     )

@@ -23,6 +23,7 @@ from spark2_5_dev.checkpoints import (
     spark2_5_config_dict,
 )
 from spark2_5_dev.drivers import driver_main
+from spark2_5_dev.engines import in_process_llm
 
 SEED = 11
 PROMPT_LENGTHS = (3, 12, 40)  # within, across and well past the sliding window
@@ -79,9 +80,7 @@ def token_ids(checkpoint: Path, tokens: tuple[str, ...]) -> list[int]:
 
 
 def _served(checkpoint: Path, convert: str, batch: list[list[int]], **overrides: Any) -> list:
-    from vllm import LLM
-
-    llm = LLM(
+    llm = in_process_llm(
         str(checkpoint),
         runner="pooling",
         convert=convert,

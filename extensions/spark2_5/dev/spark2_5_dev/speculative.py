@@ -30,6 +30,7 @@ from spark2_5_dev.checkpoints import (
     write_tokenizer,
 )
 from spark2_5_dev.drivers import driver_main
+from spark2_5_dev.engines import in_process_llm
 
 SEED = 5
 PROMPT_LENGTHS = (4, 15, 33)
@@ -116,9 +117,9 @@ def _generate(
     target: Path, batch: list[list[int]], speculative: dict | None, record: dict | None = None
 ) -> list[list[int]]:
     """Greedy tokens for ``batch``; with ``record``, the target's RoPE rows in it."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    llm = LLM(
+    llm = in_process_llm(
         str(target),
         dtype="float32",
         max_model_len=MAX_MODEL_LEN,
@@ -144,12 +145,14 @@ def run(workdir: Path) -> dict[str, Any]:
         "eagle3": build_head(target, workdir / "eagle3-head", eagle3=True),
     }
     result: dict[str, Any] = {"errors": {}}
-    record: dict[str, dict] = {part: {} for part in ("plain", *heads)}
+    # The RoPE rows the target holds, read in the runs the tests compare them for.
+    record: dict[str, dict] = {"plain": {}, "eagle3": {}}
     _attempt(result, "plain", partial(_generate, target, batch, None, record["plain"]))
     for method, head in heads.items():
         speculative = _speculative(method, head)
-        _attempt(result, method, partial(_generate, target, batch, speculative, record[method]))
-    result["rope_rows"] = {part: record[part].get("rope_rows") for part in ("plain", "eagle3")}
+        generate = partial(_generate, target, batch, speculative, record.get(method))
+        _attempt(result, method, generate)
+    result["rope_rows"] = {part: rows.get("rope_rows") for part, rows in record.items()}
     # A head that asks for a layer the target does not have.
     wrong = build_head(target, workdir / "wrong-layers-head", eagle3=True, layers=(1, 2, 9))
     result["refusal_out_of_range"] = _refusal(

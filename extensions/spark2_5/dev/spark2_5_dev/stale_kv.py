@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from spark2_5_dev.checkpoints import build_llama_checkpoint, read_config
-from spark2_5_dev.drivers import driver_main, import_cpu_worker_first
+from spark2_5_dev.drivers import driver_main
+from spark2_5_dev.engines import in_process_llm
 
 PLAIN = [5, 17, 29, 41]
 MAX_MODEL_LEN = 256
@@ -60,13 +61,12 @@ def write_nan_adapter(model: Path, path: Path) -> Path:
 
 
 def run(workdir: Path) -> dict[str, Any]:
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.lora.request import LoRARequest
 
     model = build_llama_checkpoint(workdir / "llama", seed=3)
     adapter = write_nan_adapter(model, workdir / "nan-adapter")
-    import_cpu_worker_first()
-    llm = LLM(
+    llm = in_process_llm(
         str(model),
         dtype="float32",
         max_model_len=MAX_MODEL_LEN,

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from spark2_5_dev.drivers import driver_main
+from spark2_5_dev.engines import in_process_llm
 from spark2_5_dev.parity import MAX_MODEL_LEN, _compare_fp32, prompts
 from spark2_5_dev.weight_updates import (
     CASES,
@@ -62,9 +63,7 @@ def stand_in_a_gpu_host() -> None:
 
 
 def _engine(path: Path, **settings: Any) -> Any:
-    from vllm import LLM
-
-    return LLM(
+    return in_process_llm(
         model=str(path),
         dtype="float32",
         max_model_len=MAX_MODEL_LEN,

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spark2_5_dev.drivers import import_cpu_worker_first
+from spark2_5_dev.engines import in_process_llm
 from spark2_5_dev.host_features import reloads_weights_into_lora_layers
 from spark2_5_dev.parity import (
     ENGINE_ENV,
@@ -296,12 +296,9 @@ def _checkpoint_pair(case: UpdateCase, root: Path) -> dict[str, Path]:
 
 def _engine(path: Path, dtype: str = "float32", **settings: Any) -> Any:
     """An offline engine on ``path``, with the in-memory weight transfer where it runs."""
-    from vllm import LLM
-
-    import_cpu_worker_first()
     if engines_own_the_session():
         settings["weight_transfer_config"] = {"backend": IN_MEMORY_BACKEND}
-    return LLM(
+    return in_process_llm(
         model=str(path),
         dtype=dtype,
         max_model_len=MAX_MODEL_LEN,
