@@ -2,8 +2,10 @@
 
 The port is reserved (bound with SO_REUSEADDR, never listening) from the moment a
 ``VllmServer`` exists until it stops: no other bind gets it, ``bind(0)`` included,
-while vLLM, which binds its server socket with SO_REUSEADDR, does. The last test
-shows it with a real ``vllm serve``.
+while vLLM, which binds its server socket with SO_REUSEADDR, does;
+``test_vllm_serve_binds_the_reserved_port`` shows it with a real ``vllm serve``.
+The ports vLLM picks for its own processes it cannot hold: a start that lost one
+of those is tried again, a bounded number of times, on the same reserved port.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 import openai
 import pytest
 
-from carrier_harness.server import ServerFailed, VllmServer, reserve_port
+from carrier_harness.server import START_ATTEMPTS, ServerFailed, VllmServer, reserve_port
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the reservation relies on Linux bind rules"
@@ -119,3 +121,60 @@ def test_an_option_the_caller_sets_replaces_the_cpu_default(tmp_path):
         assert "--enforce-eager" in server.command
     finally:
         server.stop()
+
+
+# A stand-in for `vllm serve` that loses vLLM's port race (the error torch's store
+# raises) its first `losses` starts, then answers /health on the port it is given.
+STAND_IN = r"""
+import http.server, pathlib, socket, sys
+port, starts, losses = int(sys.argv[1]), pathlib.Path(sys.argv[2]), int(sys.argv[3])
+count = int(starts.read_text() or 0) + 1 if starts.exists() else 1
+starts.write_text(str(count))
+if count <= losses:
+    print("torch.distributed.DistNetworkError: The server socket has failed to listen on any "
+          "local network address. port: 46579, code: -98, name: EADDRINUSE, "
+          "message: address already in use", flush=True)
+    sys.exit(1)
+if losses < 0:
+    sys.exit("RuntimeError: some other start failure")
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+http.server.HTTPServer.allow_reuse_address = True
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+class StandInServer(VllmServer):
+    def __init__(self, tmp_path, losses: int) -> None:
+        super().__init__(tmp_path, log_path=tmp_path / "serve.log", startup_timeout=60)
+        self.starts = tmp_path / "starts"
+        self.losses = losses
+
+    @property
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", STAND_IN, str(self.port), str(self.starts), str(self.losses)]
+
+
+def test_a_start_that_lost_a_port_race_inside_vllm_is_tried_again_on_the_same_port(tmp_path):
+    server = StandInServer(tmp_path, losses=START_ATTEMPTS - 1)
+    port = server.port
+    with server:
+        assert server.port == port
+        assert int(server.starts.read_text()) == START_ATTEMPTS
+        kept = sorted(path.name for path in tmp_path.glob("serve.attempt*.log"))
+        assert kept == [f"serve.attempt{n}.log" for n in range(1, START_ATTEMPTS)]
+        assert "EADDRINUSE" in (tmp_path / "serve.attempt1.log").read_text()
+    # Stopped and released (the health checks' TIME_WAIT refuses only a plain bind).
+    assert _bind_error(port, reuse_address=True) is None
+
+
+def test_starts_are_bounded_and_other_failures_are_not_retried(tmp_path):
+    for losses, starts in ((START_ATTEMPTS + 5, START_ATTEMPTS), (-1, 1)):
+        workdir = tmp_path / str(losses)
+        workdir.mkdir()
+        server = StandInServer(workdir, losses=losses)
+        with pytest.raises(ServerFailed, match="vllm serve exited with 1"):
+            server.start()
+        assert int(server.starts.read_text()) == starts
+        assert _bind_error(server.port) is None

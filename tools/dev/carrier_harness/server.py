@@ -54,6 +54,18 @@ def reserve_port(host: str = "127.0.0.1") -> socket.socket:
     return sock
 
 
+# vLLM picks the ports of its own processes (torch.distributed's store, ZMQ
+# sockets) by binding port 0 and closing it, then binds that port again: any
+# process on the machine can take it in between, and the engine fails to start.
+# Seen with two test suites side by side; the next attempt draws other ports.
+START_ATTEMPTS = 3
+
+
+def lost_a_port_race(log: str) -> bool:
+    """Whether a failed ``vllm serve`` log shows a port taken from under vLLM."""
+    return "address already in use" in log.lower()
+
+
 def vllm_executable() -> str:
     return str(Path(sys.executable).with_name("vllm"))
 
@@ -107,6 +119,27 @@ class VllmServer:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def start(self) -> VllmServer:
+        """Start ``vllm serve`` and wait until it is healthy. A start that lost a
+        port race inside vLLM (:func:`lost_a_port_race`) is tried again, on the
+        same reserved port, up to ``START_ATTEMPTS`` times; each failed attempt's
+        log is kept beside the log (``serve.attempt1.log``)."""
+        attempt = 1
+        while True:
+            try:
+                self._start_once()
+                return self
+            except ServerFailed:
+                if attempt == START_ATTEMPTS or not lost_a_port_race(self.log()):
+                    self.stop()
+                    raise
+                self._stop_process()
+                self.log_path.rename(self.log_path.with_suffix(f".attempt{attempt}.log"))
+                attempt += 1
+            except BaseException:
+                self.stop()  # the process group and the port, whatever failed
+                raise
+
+    def _start_once(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log_file:
             self.process = subprocess.Popen(
@@ -116,12 +149,7 @@ class VllmServer:
                 env=self.env,
                 start_new_session=True,
             )
-        try:
-            self._wait_healthy()
-        except BaseException:
-            self.stop()  # the process group and the port, whatever failed
-            raise
-        return self
+        self._wait_healthy()
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + self.startup_timeout
@@ -144,6 +172,9 @@ class VllmServer:
     def stop(self, grace: float = 20.0) -> int | None:
         """SIGTERM the server's process group, then SIGKILL what is left; free the port."""
         self._port_reservation.close()
+        return self._stop_process(grace)
+
+    def _stop_process(self, grace: float = 20.0) -> int | None:
         if self.process is None:
             return None
         pgid = self.process.pid
