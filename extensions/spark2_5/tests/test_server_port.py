@@ -126,7 +126,7 @@ def test_an_option_the_caller_sets_replaces_the_cpu_default(tmp_path):
 # A stand-in for `vllm serve` that loses vLLM's port race (the error torch's store
 # raises) its first `losses` starts, then answers /health on the port it is given.
 STAND_IN = r"""
-import http.server, pathlib, socket, sys
+import http.server, pathlib, sys
 port, starts, losses = int(sys.argv[1]), pathlib.Path(sys.argv[2]), int(sys.argv[3])
 count = int(starts.read_text() or 0) + 1 if starts.exists() else 1
 starts.write_text(str(count))
