@@ -182,9 +182,10 @@ def run_throughput(
     ``engine_settings``: dtype, threads, enforce_eager."""
     print(f"\n== throughput: {scenario.name}", flush=True)
     # Per model and round: output tokens per wall second and per CPU second of
-    # that engine's process (robust to other jobs time-slicing the same cores).
-    rates: dict[str, dict[str, list[float]]] = {
-        key: {name: [] for name in rounds.models} for key in ("wall", "cpu", "init_s")
+    # that engine's process (robust to other jobs time-slicing the same cores),
+    # of its fastest run, and per CPU second of each of its runs.
+    rates: dict[str, dict[str, list[Any]]] = {
+        key: {name: [] for name in rounds.models} for key in ("wall", "cpu", "runs_cpu", "init_s")
     }
     # One extra run per model, in round 1, under torch.profiler: where the time goes.
     op_profiles: dict[str, dict[str, Any]] = {}
@@ -226,6 +227,7 @@ def run_throughput(
             for over, under in RATIOS
             if over in rounds.models and under in rounds.models
         },
+        "runs_output_tok_per_cpu_s": rates["runs_cpu"],
         "engine_init_s": {name: spread(values) for name, values in rates["init_s"].items()},
         "op_self_cpu_ms": op_profiles,
     }
@@ -263,21 +265,20 @@ def _round(
     index: int,
     profile: bool = False,
 ) -> dict[str, dict[str, Any]]:
-    """One fresh engine process per model, all alive at once, their timed runs
-    interleaved in rotating order: a slow spell of the machine (memory bandwidth
-    taken by a neighbour, a slower clock) falls on every model alike, which
-    running one engine after the other does not give. Which model starts first
-    rotates by round too: with one checkpoint started twice under plain glibc
-    malloc, the first engine started measured about 10% slower than the second."""
+    """One fresh engine process per model, started side by side and all alive at once,
+    their timed runs interleaved in rotating order: a slow spell of the machine (memory
+    bandwidth taken by a neighbour, a slower clock) falls on every model alike, which
+    running one engine after the other does not give. An engine's figure for the round
+    is its fastest run: what the machine does to a run only slows it, while what differs
+    between processes of one model (how its memory is laid out) stays in every run of
+    that process, so fresh processes each round still sample it."""
     names = list(specs)
     with contextlib.ExitStack() as stack:
-        engines = {
-            name: stack.enter_context(Engine(specs[name])) for name in _rotated(names, index)
-        }
+        engines = {name: stack.enter_context(Engine(specs[name])) for name in names}
         for engine in engines.values():
             engine.ask("generate", {"prompts": request["prompts"][:4], "output_len": 4})
         results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-        for cycle in range(runs):
+        for cycle in range(index, index + runs):
             for name in _rotated(names, cycle):
                 results[name].append(engines[name].ask("generate", request))
         ops = {
@@ -286,8 +287,9 @@ def _round(
         }
     return {
         name: {
-            "wall": _per_second(results[name], "elapsed_s"),
-            "cpu": _per_second(results[name], "cpu_s"),
+            "wall": _fastest_run(results[name], "elapsed_s"),
+            "cpu": _fastest_run(results[name], "cpu_s"),
+            "runs_cpu": [r["output_tokens"] / r["cpu_s"] for r in results[name]],
             "init_s": engines[name].init_s,
             "profile": ops[name],
         }
@@ -295,8 +297,9 @@ def _round(
     }
 
 
-def _per_second(results: list[dict[str, Any]], clock: str) -> float:
-    return sum(r["output_tokens"] for r in results) / sum(r[clock] for r in results)
+def _fastest_run(results: list[dict[str, Any]], clock: str) -> float:
+    """Output tokens per second of ``clock`` of the fastest of an engine's runs."""
+    return max(r["output_tokens"] / r[clock] for r in results)
 
 
 def _top_ops(events: dict[str, dict[str, float]], share: float = 0.005) -> dict[str, Any]:
@@ -481,8 +484,20 @@ def _allocator() -> dict[str, str] | str:
     return settings or "glibc malloc, default settings (no LD_PRELOAD)"
 
 
+def _warn_without_tcmalloc() -> None:
+    if "tcmalloc" not in os.environ.get("LD_PRELOAD", ""):
+        print(
+            "note: no tcmalloc in LD_PRELOAD, so the engines use glibc malloc, which maps "
+            "large eager outputs afresh or not as each model's allocation history has "
+            "it: their page faults then differ by model. vLLM's CPU install guide "
+            "preloads tcmalloc: LD_PRELOAD=libtcmalloc_minimal.so.4",
+            flush=True,
+        )
+
+
 def main() -> int:
     args = _parse_args()
+    _warn_without_tcmalloc()
     record = Record("model", _settings(args))
     results = record.data["results"]
     if args.only in (None, "throughput"):

@@ -156,7 +156,9 @@ def _memory_figures(llm: Any, _payload: None = None) -> dict[str, Any]:
 
 
 class Engine:
-    """Parent-side handle of an engine process."""
+    """Parent-side handle of an engine process. Creating one starts the process and
+    returns at once, so that several engines start side by side; the first command
+    waits until the engine is up."""
 
     def __init__(self, spec: EngineSpec) -> None:
         context = multiprocessing.get_context("spawn")
@@ -164,7 +166,14 @@ class Engine:
         self.process = context.Process(target=_engine_process, args=(child_conn, spec))
         self.process.start()
         child_conn.close()
-        self.init_s = self._receive()["init_s"]
+        # Seconds the engine took to start (its LLM constructor), once it is up.
+        self.init_s: float | None = None
+
+    def up(self) -> Engine:
+        """Wait until the engine has started."""
+        if self.init_s is None:
+            self.init_s = self._receive()["init_s"]
+        return self
 
     def _receive(self) -> dict[str, Any]:
         try:
@@ -182,6 +191,7 @@ class Engine:
             ) from None
 
     def ask(self, command: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+        self.up()
         self.conn.send((command, payload))
         return self._receive()
 

@@ -11,7 +11,7 @@ CLOCKS = {"wall": "per wall second", "cpu": "per engine CPU second"}
 
 def print_report(results: dict[str, Any]) -> None:
     if "throughput" in results:
-        print("\nOutput tok/s, medians of rounds (min-max):")
+        print("\nOutput tok/s of each round's fastest run per engine, medians of rounds (min-max):")
         rows = []
         for item in results["throughput"]:
             for clock in ("wall", "cpu"):
