@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import random
 import sys
 import tempfile
@@ -51,10 +50,12 @@ from common import (
     FOUR_B_LAYER_DIMS,
     SMALL_SPARK_DIMS,
     Record,
+    allocator,
     base_parser,
     positive_int,
     ratio_interval,
     spread,
+    warn_without_tcmalloc,
 )
 from model_engine import Engine, EngineSpec
 from model_report import print_report
@@ -148,19 +149,17 @@ class Scenario:
         ]
 
 
-def _prompts(batch: int, length: int, seed: int) -> list[list[int]]:
+def random_prompts(batch: int, length: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(*PROMPT_TOKEN_RANGE) for _ in range(length)] for _ in range(batch)]
 
 
-def _build_models(workdir: Path, scenario: Scenario, dims: dict[str, int]) -> dict[str, Path]:
-    """A Spark2_5 checkpoint at a trained model's weight scale, and the Llama holding its
-    tensors: both models then compute on the same numbers (elementwise kernels such
-    as GELU's run at speeds that depend on the values)."""
-    from spark2_5_dev.checkpoints import build_llama_twin, build_spark2_5_checkpoint
+def build_spark2_5(workdir: Path, scenario: Scenario, dims: dict[str, int]) -> Path:
+    """A Spark2_5 checkpoint of ``scenario``'s layers at a trained model's weight scale."""
+    from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
 
     # Untied like the Llama twin; tying changes memory, not work.
-    spark2_5 = build_spark2_5_checkpoint(
+    return build_spark2_5_checkpoint(
         workdir / "spark2_5",
         seed=0,
         std=WEIGHT_STD,
@@ -169,6 +168,14 @@ def _build_models(workdir: Path, scenario: Scenario, dims: dict[str, int]) -> di
         layer_types=scenario.layer_types,
         **dims,
     )
+
+
+def _build_models(workdir: Path, scenario: Scenario, dims: dict[str, int]) -> dict[str, Path]:
+    """The Spark2_5 checkpoint and the Llama holding its tensors: both models then
+    compute on the same weights."""
+    from spark2_5_dev.checkpoints import build_llama_twin
+
+    spark2_5 = build_spark2_5(workdir, scenario, dims)
     return {"spark2_5": spark2_5, "llama": build_llama_twin(spark2_5, workdir / "llama")}
 
 
@@ -190,7 +197,7 @@ def run_throughput(
     # One extra run per model, in round 1, under torch.profiler: where the time goes.
     op_profiles: dict[str, dict[str, Any]] = {}
     request = {
-        "prompts": _prompts(scenario.batch, scenario.prompt_len, seed=1),
+        "prompts": random_prompts(scenario.batch, scenario.prompt_len, seed=1),
         "output_len": scenario.output_len,
     }
     with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp:
@@ -204,9 +211,12 @@ def run_throughput(
                 if index == 0:
                     op_profiles[name] = sample["profile"]
             print(
-                f"  round {index + 1}: "
-                + ", ".join(f"{name} {samples[name]['cpu']:.4g}" for name in rounds.models)
-                + " output tok per CPU second",
+                f"  round {index + 1}, output tok per CPU second of the fastest run (all runs): "
+                + ", ".join(
+                    f"{name} {samples[name]['cpu']:.4g} "
+                    f"({' '.join(f'{rate:.4g}' for rate in samples[name]['runs_cpu'])})"
+                    for name in rounds.models
+                ),
                 flush=True,
             )
     return {
@@ -348,7 +358,9 @@ def run_memory(repeats: int, dtype: str, threads: int) -> dict[str, Any]:
                     rope_positions=rope_positions,
                 )
                 with Engine(spec) as engine:
-                    engine.ask("generate", {"prompts": _prompts(4, 32, seed=2), "output_len": 8})
+                    engine.ask(
+                        "generate", {"prompts": random_prompts(4, 32, seed=2), "output_len": 8}
+                    )
                     figures = engine.ask("memory")
                 samples[name].append(figures)
                 print(
@@ -452,7 +464,7 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "rounds_design": "each round: one fresh engine process per model, all alive, "
         "their timed runs interleaved in rotating order; ratios are geometric means of "
         "same-round ratios with a 95% t interval",
-        "allocator": _allocator(),
+        "allocator": allocator(),
         "engine": "offline LLM.generate, in-process engine, VLLM_CPU_KVCACHE_SPACE=1; "
         + (
             "throughput in vLLM's default mode (torch.compile), memory eager"
@@ -474,30 +486,9 @@ def _chosen_scenarios(args: argparse.Namespace) -> list[Scenario]:
     return chosen
 
 
-def _allocator() -> dict[str, str] | str:
-    """What the engines allocate with: their inherited preload and glibc tunables."""
-    settings = {
-        key: value
-        for key, value in os.environ.items()
-        if key == "LD_PRELOAD" or key.startswith(("MALLOC_", "GLIBC_TUNABLES", "THP_MEM"))
-    }
-    return settings or "glibc malloc, default settings (no LD_PRELOAD)"
-
-
-def _warn_without_tcmalloc() -> None:
-    if "tcmalloc" not in os.environ.get("LD_PRELOAD", ""):
-        print(
-            "note: no tcmalloc in LD_PRELOAD, so the engines use glibc malloc, which maps "
-            "large eager outputs afresh or not as each model's allocation history has "
-            "it: their page faults then differ by model. vLLM's CPU install guide "
-            "preloads tcmalloc: LD_PRELOAD=libtcmalloc_minimal.so.4",
-            flush=True,
-        )
-
-
 def main() -> int:
     args = _parse_args()
-    _warn_without_tcmalloc()
+    warn_without_tcmalloc()
     record = Record("model", _settings(args))
     results = record.data["results"]
     if args.only in (None, "throughput"):

@@ -77,6 +77,27 @@ def use_in_process_engine(threads: int) -> None:
     os.environ["OMP_NUM_THREADS"] = str(threads)
 
 
+def allocator() -> dict[str, str] | str:
+    """What the engines allocate with: their inherited preload and glibc tunables."""
+    settings = {
+        key: value
+        for key, value in os.environ.items()
+        if key == "LD_PRELOAD" or key.startswith(("MALLOC_", "GLIBC_TUNABLES", "THP_MEM"))
+    }
+    return settings or "glibc malloc, default settings (no LD_PRELOAD)"
+
+
+def warn_without_tcmalloc() -> None:
+    if "tcmalloc" not in os.environ.get("LD_PRELOAD", ""):
+        print(
+            "note: no tcmalloc in LD_PRELOAD, so the engines use glibc malloc, which maps "
+            "large eager outputs afresh or not as each model's allocation history has "
+            "it: their page faults then differ by model. vLLM's CPU install guide "
+            "preloads tcmalloc: LD_PRELOAD=libtcmalloc_minimal.so.4",
+            flush=True,
+        )
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1 (rounds, runs, repeats)."""
     try:

@@ -8,6 +8,7 @@ spawned process that answers the parent's commands over a pipe.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import resource
 import time
@@ -58,7 +59,12 @@ def _engine_process(conn: Any, spec: EngineSpec) -> None:
         seed=0,
     )
     conn.send({"init_s": time.perf_counter() - started})
-    commands = {"generate": _generate, "profile": _profile, "memory": _memory_figures}
+    commands = {
+        "generate": _generate,
+        "profile": _profile,
+        "memory": _memory_figures,
+        "additions": _switch_additions,
+    }
     while True:
         command, payload = conn.recv()
         if command == "stop":
@@ -99,6 +105,25 @@ def _profile(llm: Any, payload: dict[str, Any]) -> dict[str, Any]:
         event.key: {"self_cpu_ms": event.self_cpu_time_total / 1e3, "calls": event.count}
         for event in prof.key_averages()
     }
+
+
+def _switch_additions(llm: Any, payload: dict[str, bool]) -> dict[str, int]:
+    """Switch the work a Spark2_5 layer does beyond an in-tree Llama layer on or off
+    in every layer (benchmark-only): the head-wise output gate and the finite
+    keys/values guard. Returns how many layers were switched."""
+    (layers,) = llm.apply_model(functools.partial(_set_additions, on=payload["on"]))
+    return {"layers": layers}
+
+
+def _set_additions(model: Any, on: bool) -> int:
+    attentions = [module for module in model.modules() if hasattr(module, "gate_heads")]
+    for attn in attentions:
+        if not hasattr(attn, "bench_additions"):
+            attn.bench_additions = (attn.g_proj, attn.finite_kv_only)
+        g_proj, finite_kv_only = attn.bench_additions
+        attn.g_proj = g_proj if on else None
+        attn.finite_kv_only = finite_kv_only and on
+    return len(attentions)
 
 
 def _use_exact_gelu_in_llama_mlp() -> None:
