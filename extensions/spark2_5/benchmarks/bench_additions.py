@@ -1,24 +1,29 @@
-"""What the carrier's additions cost end to end, inside one engine of it, at the
-Spark-X2.5-4B's layer dimensions, on real vLLM (CPU, eager).
+"""What the carrier's additions cost inside one engine of it, forward by forward, at
+the Spark-X2.5-4B's layer dimensions, on real vLLM (CPU, eager).
 
 The additions are the work a Spark2_5 layer does beyond an in-tree Llama layer of
 the same dims: the head-wise output gate (``g_proj`` and the fp32 gate math) and,
-on vLLM's CPU build, the finite keys/values guard. One fresh engine of a Spark2_5
-checkpoint (``bench_model.py``'s scenarios and weights) alternates timed
-``LLM.generate`` runs with its additions on and switched off (``apply_model``
-drops ``g_proj`` and the guard from every layer, a benchmark-only switch: the
-runs' work then is an in-tree Llama layer's, their outputs are not the model's).
+on vLLM's CPU build, the finite keys/values guard. A fresh engine of a Spark2_5
+checkpoint (``bench_model.py``'s scenarios and weights) serves timed
+``LLM.generate`` runs while benchmark-only hooks on its model switch the
+additions on and off from one model forward to the next (on, off, off, on, ...)
+and take each forward's process CPU time. A forward without them does an
+in-tree Llama layer's work; its output is not the model's, which the fixed-length
+runs (``ignore_eos``) do not care about.
 
-Both arms run in one process on the same weights, so how a process happens to
-lay out its memory, which makes two engines of one model differ by several
-percent, cancels; runs alternate on, off, off, on, ... so a drift of the machine
-cancels within each pair of runs too. A pair's ratio is its on-run's output
-tokens per process CPU second over its off-run's; the report gives the geometric
-mean over pairs, the engines' pairs pooled, with its 95% interval, whose
-half-width is the resolution achieved. ``bench_model.py --dims 4b-layers`` then
-compares against in-tree Llama itself, at the resolution fresh processes allow.
+Consecutive forwards of the same token rows form a pair; a pair's ratio is the
+off-forward's CPU time over the on-forward's: the model's speed with its
+additions relative to without. Both run on the same weights in the same process
+within a fraction of a second, so neither how a process lays out its memory
+(which makes two engines of one model differ by several percent) nor the
+machine's drift enters the ratio. The report gives the geometric mean over
+pairs, the engines' pairs pooled, with its 95% interval, whose half-width is the
+resolution achieved. The figure bounds the throughput cost from above: the
+engine's work outside the model forward (scheduling, sampling) is the same for
+both. ``bench_model.py --dims 4b-layers`` compares against in-tree Llama itself,
+at the resolution fresh processes allow.
 
-    python extensions/spark2_5/benchmarks/bench_additions.py [--quick] [--pairs N] \
+    python extensions/spark2_5/benchmarks/bench_additions.py [--quick] [--runs N] \
         [--engines N] [--scenario TEXT] [--out PATH.json]
 """
 
@@ -38,74 +43,75 @@ from common import (
     base_parser,
     positive_int,
     ratio_interval,
-    spread,
     table,
     warn_without_tcmalloc,
 )
 from model_engine import Engine, EngineSpec
 
 
-def run_scenario(scenario: Scenario, engines: int, pairs: int) -> dict[str, Any]:
+def run_scenario(scenario: Scenario, engines: int, runs: int) -> dict[str, Any]:
     print(f"\n== {scenario.name}", flush=True)
     request = {
         "prompts": random_prompts(scenario.batch, scenario.prompt_len, seed=1),
         "output_len": scenario.output_len,
     }
     ratios: list[float] = []
-    rates: dict[str, list[float]] = {"on": [], "off": []}
     with tempfile.TemporaryDirectory(prefix="bench-additions-") as tmp:
         path = build_spark2_5(Path(tmp), scenario, FOUR_B_LAYER_DIMS)
         spec = EngineSpec(str(path), scenario.max_model_len, "bfloat16")
         for index in range(engines):
-            with Engine(spec) as engine:
-                engine.ask("generate", {"prompts": request["prompts"][:4], "output_len": 4})
-                for pair in range(pairs):
-                    arms = ("on", "off") if pair % 2 == 0 else ("off", "on")
-                    pair_rates = {arm: _timed_run(engine, arm, request) for arm in arms}
-                    for arm, rate in pair_rates.items():
-                        rates[arm].append(rate)
-                    ratios.append(pair_rates["on"] / pair_rates["off"])
-            engine_ratio = ratio_interval(ratios[-pairs:])
-            print(f"  engine {index + 1}: on / off {_cell(engine_ratio)}", flush=True)
+            engine_ratios = _engine_pairs(spec, request, runs)
+            print(f"  engine {index + 1}: {_cell(ratio_interval(engine_ratios))}", flush=True)
+            ratios += engine_ratios
     return {
         "scenario": asdict(scenario),
         "engines": engines,
-        "pairs_per_engine": pairs,
-        "output_tok_per_cpu_s": {arm: spread(values) for arm, values in rates.items()},
-        "on / off": ratio_interval(ratios),
+        "runs_per_engine": runs,
+        "speed with / without additions": ratio_interval(ratios),
     }
 
 
-def _timed_run(engine: Engine, arm: str, request: dict[str, Any]) -> float:
-    if not engine.ask("additions", {"on": arm == "on"})["layers"]:
-        raise SystemExit("the engine's model has no Spark2_5 attention layer to switch")
-    result = engine.ask("generate", request)
-    return result["output_tokens"] / result["cpu_s"]
+def _engine_pairs(spec: EngineSpec, request: dict[str, Any], runs: int) -> list[float]:
+    """One fresh engine's pair ratios over ``runs`` generate runs."""
+    forwards: list[tuple[bool, int, float]] = []
+    with Engine(spec) as engine:
+        engine.ask("generate", {"prompts": request["prompts"][:4], "output_len": 4})
+        if not engine.ask("alternate additions")["layers"]:
+            raise SystemExit("the engine's model has no Spark2_5 attention layer to switch")
+        for _ in range(runs):
+            engine.ask("generate", request)
+            forwards += engine.ask("forward times")["forwards"]
+    ratios = []
+    for first, second in zip(forwards[::2], forwards[1::2], strict=False):
+        (first_on, first_rows, first_s), (_, second_rows, second_s) = first, second
+        if first_rows == second_rows:
+            on_s, off_s = (first_s, second_s) if first_on else (second_s, first_s)
+            ratios.append(off_s / on_s)
+    return ratios
 
 
 def _cell(ratio: dict[str, Any]) -> str:
     low, high = ratio["ci95"]
-    return f"{ratio['geomean']:.4f} [{low:.4f}, {high:.4f}]"
+    return f"{ratio['geomean']:.4f} [{low:.4f}, {high:.4f}] over {len(ratio['samples'])} pairs"
 
 
 def print_report(results: list[dict[str, Any]]) -> None:
     rows = [
         (
             item["scenario"]["name"],
-            item["engines"] * item["pairs_per_engine"],
-            _cell(item["on / off"]),
-            f"±{item['on / off']['resolution']:.2%}",
+            _cell(item["speed with / without additions"]),
+            f"±{item['speed with / without additions']['resolution']:.2%}",
         )
         for item in results
     ]
-    print("\nOutput tok per CPU second, additions on / off, geometric mean of pairs [95%]:")
-    print(table(("scenario", "pairs", "on / off", "resolution"), rows))
+    print("\nModel forward speed with / without the additions, geometric mean of pairs [95%]:")
+    print(table(("scenario", "with / without", "resolution"), rows))
 
 
 def main() -> int:
     parser = base_parser(__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--pairs", type=positive_int, help="on/off run pairs per engine (default 24, quick 4)"
+        "--runs", type=positive_int, help="generate runs per engine (default 12, quick 2)"
     )
     parser.add_argument(
         "--engines", type=positive_int, help="fresh engines per scenario (default 2, quick 1)"
@@ -113,7 +119,7 @@ def main() -> int:
     parser.add_argument("--scenario", metavar="TEXT", help="only the scenarios naming TEXT")
     args = parser.parse_args()
     warn_without_tcmalloc()
-    pairs = args.pairs or (4 if args.quick else 24)
+    runs = args.runs or (2 if args.quick else 12)
     engines = args.engines or (1 if args.quick else 2)
     scenarios = [
         s
@@ -129,13 +135,14 @@ def main() -> int:
             "dtype": "bfloat16",
             "omp_threads_per_engine": 1,
             "engines_per_scenario": engines,
-            "pairs_per_engine": pairs,
+            "runs_per_engine": runs,
+            "alternation": "model forwards with the additions on, off, off, on, ...",
             "allocator": allocator(),
             "engine": "offline LLM.generate, in-process engine, enforce_eager, "
             "VLLM_CPU_KVCACHE_SPACE=1, prefix caching off",
         },
     )
-    record.data["results"] = [run_scenario(s, engines, pairs) for s in scenarios]
+    record.data["results"] = [run_scenario(s, engines, runs) for s in scenarios]
     print_report(record.data["results"])
     record.finish(args.out)
     return 0

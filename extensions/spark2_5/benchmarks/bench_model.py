@@ -11,13 +11,14 @@ benchmark-only patch of the in-tree ``LlamaMLP``): against it the gate is the
 only extra work. (Gemma v1 has an exact-GELU MLP in-tree but no sliding
 window, so its KV cache is one group where both hybrid models have two.)
 
-A round starts one fresh engine process per model, keeps them all alive and
-interleaves their timed runs: the machine's slow spells then fall on every
-model alike, and fresh processes each round average out how one process's
-memory happens to be laid out. A round's ratio compares its engines' output
-tokens per second of wall clock and of the engine process's CPU time; the
-report gives the geometric mean over rounds with its 95% interval, whose
-half-width is the resolution achieved.
+A round starts one fresh engine process per model, side by side, keeps them all
+alive and interleaves their timed runs: the machine's slow spells then fall on
+every model alike, and fresh processes each round average out how one process's
+memory happens to be laid out. A round's ratio compares its engines' fastest
+runs, in output tokens per second of wall clock and of the engine process's CPU
+time; the report gives the geometric mean over rounds with its 95% interval,
+whose half-width is the resolution achieved. ``bench_additions.py`` prices the
+gate within one engine, where process layout cancels, to a finer resolution.
 
 Memory: peak and resident RSS, RoPE cache bytes and KV-cache capacity of the
 carrier when ``config.json`` says ``max_position_embeddings`` 1,048,576 versus
@@ -398,7 +399,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--runs",
         type=positive_int,
-        help="timed runs per engine per round, interleaved across the models (default 3)",
+        help="timed runs per engine per round, interleaved across the models; the "
+        "fastest counts (default 3)",
     )
     parser.add_argument(
         "--stock-llama",
@@ -461,9 +463,10 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         "no output gate, one RoPE, exact GELU in its MLP"
         + (", and stock (SiLU MLP)" if args.stock_llama else "")
         + ("; control: a second engine of the carrier's checkpoint" if args.control else ""),
-        "rounds_design": "each round: one fresh engine process per model, all alive, "
-        "their timed runs interleaved in rotating order; ratios are geometric means of "
-        "same-round ratios with a 95% t interval",
+        "rounds_design": "each round: one fresh engine process per model, started side "
+        "by side, all alive, their timed runs interleaved in rotating order; an engine's "
+        "round figure is its fastest run; ratios are geometric means of same-round "
+        "ratios with a 95% t interval",
         "allocator": allocator(),
         "engine": "offline LLM.generate, in-process engine, VLLM_CPU_KVCACHE_SPACE=1; "
         + (

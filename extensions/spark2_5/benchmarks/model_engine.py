@@ -8,7 +8,7 @@ spawned process that answers the parent's commands over a pipe.
 
 from __future__ import annotations
 
-import functools
+import itertools
 import multiprocessing
 import resource
 import time
@@ -63,7 +63,8 @@ def _engine_process(conn: Any, spec: EngineSpec) -> None:
         "generate": _generate,
         "profile": _profile,
         "memory": _memory_figures,
-        "additions": _switch_additions,
+        "alternate additions": _alternate_additions,
+        "forward times": _forward_times,
     }
     while True:
         command, payload = conn.recv()
@@ -92,6 +93,7 @@ def _generate(llm: Any, payload: dict[str, Any]) -> dict[str, Any]:
         "elapsed_s": time.perf_counter() - started,
         "cpu_s": time.process_time() - cpu_started,
         "output_tokens": sum(len(out.outputs[0].token_ids) for out in outputs),
+        "token_ids": [list(out.outputs[0].token_ids) for out in outputs],
     }
 
 
@@ -107,15 +109,10 @@ def _profile(llm: Any, payload: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _switch_additions(llm: Any, payload: dict[str, bool]) -> dict[str, int]:
+def _set_additions(model: Any, on: bool) -> int:
     """Switch the work a Spark2_5 layer does beyond an in-tree Llama layer on or off
     in every layer (benchmark-only): the head-wise output gate and the finite
-    keys/values guard. Returns how many layers were switched."""
-    (layers,) = llm.apply_model(functools.partial(_set_additions, on=payload["on"]))
-    return {"layers": layers}
-
-
-def _set_additions(model: Any, on: bool) -> int:
+    keys/values guard. Returns how many layers it switched."""
     attentions = [module for module in model.modules() if hasattr(module, "gate_heads")]
     for attn in attentions:
         if not hasattr(attn, "bench_additions"):
@@ -124,6 +121,50 @@ def _set_additions(model: Any, on: bool) -> int:
         attn.g_proj = g_proj if on else None
         attn.finite_kv_only = finite_kv_only and on
     return len(attentions)
+
+
+# Which model forwards run with the carrier's additions: on, off, off, on, ... so
+# that a drift of the machine cancels within each pair of forwards.
+ALTERNATION = (True, False, False, True)
+
+
+def _alternate_additions(llm: Any, _payload: None = None) -> dict[str, int]:
+    """From the next model forward on, switch the carrier's additions on and off by
+    ``ALTERNATION`` and record each forward's token rows and process CPU seconds
+    (benchmark-only hooks on the model)."""
+    (layers,) = llm.apply_model(_hook_forwards)
+    return {"layers": layers}
+
+
+def _hook_forwards(model: Any) -> int:
+    model.bench_forwards = []
+    count = itertools.count()
+    started: list[tuple[bool, float]] = []
+
+    def before(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        on = ALTERNATION[next(count) % len(ALTERNATION)]
+        _set_additions(module, on=on)
+        started.append((on, time.process_time()))
+
+    def after(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        on, cpu_started = started.pop()
+        rows = kwargs["positions"].shape[-1]
+        module.bench_forwards.append((on, rows, time.process_time() - cpu_started))
+
+    model.register_forward_pre_hook(before, with_kwargs=True)
+    model.register_forward_hook(after, with_kwargs=True)
+    return _set_additions(model, on=True)
+
+
+def _forward_times(llm: Any, _payload: None = None) -> dict[str, Any]:
+    """The forwards recorded since the last call: (additions on, token rows, CPU s)."""
+    (forwards,) = llm.apply_model(_take_forwards)
+    return {"forwards": forwards}
+
+
+def _take_forwards(model: Any) -> list[tuple[bool, int, float]]:
+    forwards, model.bench_forwards = model.bench_forwards, []
+    return forwards
 
 
 def _use_exact_gelu_in_llama_mlp() -> None:

@@ -22,6 +22,7 @@ SCRIPTS = (
     "bench_weight_updates.py",
     "bench_streaming.py",
     "bench_layer_ops.py",
+    "bench_additions.py",
 )
 
 
@@ -111,14 +112,39 @@ def test_the_llama_twin_holds_the_spark2_5_checkpoints_own_tensors(tmp_path):
         assert getattr(config, key) == spark_config[key], key
 
 
-def test_every_model_starts_its_engine_first_in_turn(benchmarks_on_path):
-    """Under plain glibc malloc the first engine a round starts ran slower than an
-    identical second one, so no model may always start first."""
+def test_every_model_runs_first_in_turn(benchmarks_on_path):
+    """No model's engine may always take a round's first run (it follows its own
+    start, and under plain glibc malloc ran slower than an identical second one)."""
     import bench_model
 
     names = ["spark2_5", bench_model.GELU_LLAMA, bench_model.CONTROL]
     firsts = [bench_model._rotated(names, index)[0] for index in range(len(names))]
     assert sorted(firsts) == sorted(names)
+
+
+def test_the_additions_alternate_by_forward_in_a_real_engine(benchmarks_on_path, tmp_path):
+    """bench_additions.py's hooks switch a real engine's every layer between the
+    carrier's own forward and one without its additions, forward by forward: the
+    first forward (the prompt's, with them) picks the model's own first token, the
+    next ones without them change the output, and each forward's rows and CPU
+    time are recorded in the announced order."""
+    from model_engine import ALTERNATION, Engine, EngineSpec
+
+    from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
+
+    path = build_spark2_5_checkpoint(tmp_path / "spark2_5", seed=0, std=0.5)
+    prompt = [17, 40, 99, 120, 33]
+    request = {"prompts": [prompt], "output_len": 12}
+    with Engine(EngineSpec(str(path), 256, "float32")) as engine:
+        (own,) = engine.ask("generate", request)["token_ids"]
+        assert engine.ask("alternate additions") == {"layers": 4}
+        (mixed,) = engine.ask("generate", request)["token_ids"]
+        forwards = engine.ask("forward times")["forwards"]
+    assert [on for on, _, _ in forwards] == [ALTERNATION[i % 4] for i in range(len(forwards))]
+    assert [rows for _, rows, _ in forwards] == [len(prompt)] + [1] * (len(forwards) - 1)
+    assert all(cpu_s > 0 for _, _, cpu_s in forwards)
+    assert mixed[0] == own[0]
+    assert mixed != own
 
 
 def test_the_control_is_a_second_engine_of_the_carriers_checkpoint(benchmarks_on_path):
