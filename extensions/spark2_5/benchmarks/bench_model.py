@@ -279,13 +279,17 @@ def _round(
     """One fresh engine process per model, started side by side and all alive at once,
     their timed runs interleaved in rotating order: a slow spell of the machine (memory
     bandwidth taken by a neighbour, a slower clock) falls on every model alike, which
-    running one engine after the other does not give. An engine's figure for the round
-    is its fastest run: what the machine does to a run only slows it, while what differs
-    between processes of one model (how its memory is laid out) stays in every run of
-    that process, so fresh processes each round still sample it."""
+    running one engine after the other does not give. Which engine is spawned first
+    rotates by round too: of one checkpoint's two engines, the first spawned decoded
+    faster. An engine's figure for the round is its fastest run: what the machine does
+    to a run only slows it, while what differs between processes of one model (how its
+    memory is laid out) stays in every run of that process, so fresh processes each
+    round still sample it."""
     names = list(specs)
     with contextlib.ExitStack() as stack:
-        engines = {name: stack.enter_context(Engine(specs[name])) for name in names}
+        engines = {
+            name: stack.enter_context(Engine(specs[name])) for name in _rotated(names, index)
+        }
         for engine in engines.values():
             engine.ask("generate", {"prompts": request["prompts"][:4], "output_len": 4})
         results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
