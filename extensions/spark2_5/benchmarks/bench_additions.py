@@ -8,8 +8,10 @@ checkpoint (``bench_model.py``'s scenarios and weights) serves timed
 ``LLM.generate`` runs while benchmark-only hooks on its model switch the
 additions on and off from one model forward to the next (on, off, off, on, ...)
 and take each forward's process CPU time. A forward without them does an
-in-tree Llama layer's work; its output is not the model's, which the fixed-length
-runs (``ignore_eos``) do not care about.
+in-tree Llama layer's work, but for RoPE: the full-attention layers rotate 64
+of 256 dims where Llama's rotate all (RoPE is under 0.5% of a run either way,
+``perf-model-4b.json``'s operator tables). Its output is not the model's, which
+the fixed-length runs (``ignore_eos``) do not care about.
 
 Consecutive forwards of the same token rows form a pair; a pair's ratio is the
 off-forward's CPU time over the on-forward's: the model's speed with its

@@ -207,6 +207,7 @@ def test_4b_shape_is_a_valid_spark2_5_config(benchmarks_on_path, tmp_path):
 
 THROUGHPUT_RECORDS = ("perf-model.json", "perf-model-compiled.json", "perf-model-4b.json")
 LIKE_FOR_LIKE = "spark2_5 / llama with exact-GELU MLP"
+ADDITIONS_RECORD = "perf-additions-4b.json"
 
 
 def _doc_tables() -> list[list[list[str]]]:
@@ -224,13 +225,13 @@ def _doc_tables() -> list[list[list[str]]]:
     return [table for table in tables if table]
 
 
-def _documented_ratios() -> dict[tuple[str, str], str]:
-    """(record, scenario) -> the docs' cell, from each column whose header names a
-    model-throughput record."""
+def _documented_ratios(records: tuple[str, ...]) -> dict[tuple[str, str], str]:
+    """(record, scenario) -> the docs' cell, from each column whose header names one
+    of ``records``."""
     cells = {}
     for header, *rows in _doc_tables():
         for column, title in enumerate(header):
-            for name in THROUGHPUT_RECORDS:
+            for name in records:
                 if f"`{name}`" in title:
                     cells.update({(name, row[0]): row[column] for row in rows})
     return cells
@@ -249,7 +250,23 @@ def test_the_model_throughput_figures_in_the_docs_are_the_archived_records(bench
         for item in record["results"]["throughput"]:
             ratio = item["ratios"][LIKE_FOR_LIKE]["cpu"]
             expected[(name, item["scenario"]["name"])] = ratio_cell(ratio)
-    assert _documented_ratios() == expected
+    assert _documented_ratios(THROUGHPUT_RECORDS) == expected
+
+
+def test_the_additions_figures_in_the_docs_are_the_archived_record(benchmarks_on_path):
+    """docs/benchmarks.md gives every scenario of bench_additions.py's record: the
+    forward's speed with the carrier's additions over without, as the report
+    renders it."""
+    from model_report import ratio_cell
+
+    record = json.loads((CARRIER / "evidence" / ADDITIONS_RECORD).read_text())
+    expected = {
+        (ADDITIONS_RECORD, item["scenario"]["name"]): ratio_cell(
+            item["speed with / without additions"]
+        )
+        for item in record["results"]
+    }
+    assert _documented_ratios((ADDITIONS_RECORD,)) == expected
 
 
 def test_the_layer_op_shares_in_the_docs_are_the_archived_record(benchmarks_on_path):
