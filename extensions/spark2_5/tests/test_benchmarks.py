@@ -205,7 +205,12 @@ def test_4b_shape_is_a_valid_spark2_5_config(benchmarks_on_path, tmp_path):
     assert not list(path.glob("*.safetensors")), "weights come from --load-format dummy"
 
 
-THROUGHPUT_RECORDS = ("perf-model.json", "perf-model-compiled.json", "perf-model-4b.json")
+THROUGHPUT_RECORDS = (
+    "perf-model.json",
+    "perf-model-compiled.json",
+    "perf-model-4b.json",
+    "perf-model-4b-compiled.json",
+)
 LIKE_FOR_LIKE = "spark2_5 / llama with exact-GELU MLP"
 ADDITIONS_RECORD = "perf-additions-4b.json"
 
