@@ -49,6 +49,7 @@ from common import (
     warn_without_tcmalloc,
 )
 from model_engine import Engine, EngineSpec
+from model_report import ratio_cell
 
 
 def run_scenario(scenario: Scenario, engines: int, runs: int) -> dict[str, Any]:
@@ -93,8 +94,7 @@ def _engine_pairs(spec: EngineSpec, request: dict[str, Any], runs: int) -> list[
 
 
 def _cell(ratio: dict[str, Any]) -> str:
-    low, high = ratio["ci95"]
-    return f"{ratio['geomean']:.4f} [{low:.4f}, {high:.4f}] over {len(ratio['samples'])} pairs"
+    return f"{ratio_cell(ratio, digits=4)} over {len(ratio['samples'])} pairs"
 
 
 def print_report(results: list[dict[str, Any]]) -> None:

@@ -302,9 +302,7 @@ def _round(
         }
     return {
         name: {
-            "wall": _fastest_run(results[name], "elapsed_s"),
-            "cpu": _fastest_run(results[name], "cpu_s"),
-            "runs_cpu": [r["output_tokens"] / r["cpu_s"] for r in results[name]],
+            **_fastest_run(results[name]),
             "init_s": engines[name].init_s,
             "profile": ops[name],
         }
@@ -312,9 +310,15 @@ def _round(
     }
 
 
-def _fastest_run(results: list[dict[str, Any]], clock: str) -> float:
-    """Output tokens per second of ``clock`` of the fastest of an engine's runs."""
-    return max(r["output_tokens"] / r[clock] for r in results)
+def _fastest_run(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Output tokens per wall and per CPU second of the fastest of an engine's runs,
+    and per CPU second of each run."""
+    cpu_rates = [r["output_tokens"] / r["cpu_s"] for r in results]
+    return {
+        "wall": max(r["output_tokens"] / r["elapsed_s"] for r in results),
+        "cpu": max(cpu_rates),
+        "runs_cpu": cpu_rates,
+    }
 
 
 def _top_ops(events: dict[str, dict[str, float]], share: float = 0.005) -> dict[str, Any]:

@@ -109,20 +109,6 @@ def _profile(llm: Any, payload: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _set_additions(model: Any, on: bool) -> int:
-    """Switch the work a Spark2_5 layer does beyond an in-tree Llama layer on or off
-    in every layer (benchmark-only): the head-wise output gate and the finite
-    keys/values guard. Returns how many layers it switched."""
-    attentions = [module for module in model.modules() if hasattr(module, "gate_heads")]
-    for attn in attentions:
-        if not hasattr(attn, "bench_additions"):
-            attn.bench_additions = (attn.g_proj, attn.finite_kv_only)
-        g_proj, finite_kv_only = attn.bench_additions
-        attn.g_proj = g_proj if on else None
-        attn.finite_kv_only = finite_kv_only and on
-    return len(attentions)
-
-
 # Which model forwards run with the carrier's additions: on, off, off, on, ... so
 # that a drift of the machine cancels within each pair of forwards.
 ALTERNATION = (True, False, False, True)
@@ -137,13 +123,23 @@ def _alternate_additions(llm: Any, _payload: None = None) -> dict[str, int]:
 
 
 def _hook_forwards(model: Any) -> int:
+    """Hook ``model``'s forward; returns how many attention layers the hooks switch."""
+    # The work a Spark2_5 layer does beyond an in-tree Llama layer, per layer: the
+    # head-wise output gate and the finite keys/values guard, as the model built them.
+    additions = [
+        (attn, attn.g_proj, attn.finite_kv_only)
+        for attn in model.modules()
+        if hasattr(attn, "gate_heads")
+    ]
     model.bench_forwards = []
     count = itertools.count()
     started: list[tuple[bool, float]] = []
 
     def before(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         on = ALTERNATION[next(count) % len(ALTERNATION)]
-        _set_additions(module, on=on)
+        for attn, g_proj, finite_kv_only in additions:
+            attn.g_proj = g_proj if on else None
+            attn.finite_kv_only = finite_kv_only and on
         started.append((on, time.process_time()))
 
     def after(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
@@ -153,7 +149,7 @@ def _hook_forwards(model: Any) -> int:
 
     model.register_forward_pre_hook(before, with_kwargs=True)
     model.register_forward_hook(after, with_kwargs=True)
-    return _set_additions(model, on=True)
+    return len(additions)
 
 
 def _forward_times(llm: Any, _payload: None = None) -> dict[str, Any]:
@@ -235,11 +231,10 @@ class Engine:
         # Seconds the engine took to start (its LLM constructor), once it is up.
         self.init_s: float | None = None
 
-    def up(self) -> Engine:
+    def up(self) -> None:
         """Wait until the engine has started."""
         if self.init_s is None:
             self.init_s = self._receive()["init_s"]
-        return self
 
     def _receive(self) -> dict[str, Any]:
         try:

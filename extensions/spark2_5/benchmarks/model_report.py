@@ -72,9 +72,9 @@ def print_memory(memory: dict[str, Any]) -> None:
     )
 
 
-def ratio_cell(ratio: dict[str, Any]) -> str:
+def ratio_cell(ratio: dict[str, Any], digits: int = 3) -> str:
     low, high = ratio["ci95"]
-    return f"{ratio['geomean']:.3f} [{low:.3f}, {high:.3f}]"
+    return f"{ratio['geomean']:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 def print_op_profile(scenario: str, profiles: dict[str, dict[str, Any]]) -> None:

@@ -113,8 +113,8 @@ def test_the_llama_twin_holds_the_spark2_5_checkpoints_own_tensors(tmp_path):
 
 
 def test_every_model_runs_first_in_turn(benchmarks_on_path):
-    """No model's engine may always take a round's first run (it follows its own
-    start, and under plain glibc malloc ran slower than an identical second one)."""
+    """No model's engine may always be spawned first or take a round's first run:
+    of one checkpoint's two engines, the first spawned decoded faster."""
     import bench_model
 
     names = ["spark2_5", bench_model.GELU_LLAMA, bench_model.CONTROL]
