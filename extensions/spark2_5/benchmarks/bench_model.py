@@ -171,7 +171,7 @@ def build_spark2_5(workdir: Path, scenario: Scenario, dims: dict[str, int]) -> P
     )
 
 
-def _build_models(workdir: Path, scenario: Scenario, dims: dict[str, int]) -> dict[str, Path]:
+def build_models(workdir: Path, scenario: Scenario, dims: dict[str, int]) -> dict[str, Path]:
     """The Spark2_5 checkpoint and the Llama holding its tensors: both models then
     compute on the same weights."""
     from spark2_5_dev.checkpoints import build_llama_twin
@@ -202,7 +202,7 @@ def run_throughput(
         "output_len": scenario.output_len,
     }
     with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp:
-        specs = _engine_specs(_build_models(Path(tmp), scenario, dims), scenario, engine_settings)
+        specs = _engine_specs(build_models(Path(tmp), scenario, dims), scenario, engine_settings)
         models = {name: specs[name] for name in rounds.models}
         for index in range(rounds.count):
             samples = _round(models, request, rounds.runs, index, profile=index == 0)
@@ -264,7 +264,7 @@ def _engine_specs(
     }
 
 
-def _rotated(names: list[str], shift: int) -> list[str]:
+def rotated(names: list[str], shift: int) -> list[str]:
     shift %= len(names)
     return names[shift:] + names[:shift]
 
@@ -287,14 +287,12 @@ def _round(
     round still sample it."""
     names = list(specs)
     with contextlib.ExitStack() as stack:
-        engines = {
-            name: stack.enter_context(Engine(specs[name])) for name in _rotated(names, index)
-        }
+        engines = {name: stack.enter_context(Engine(specs[name])) for name in rotated(names, index)}
         for engine in engines.values():
             engine.ask("generate", {"prompts": request["prompts"][:4], "output_len": 4})
         results: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         for cycle in range(index, index + runs):
-            for name in _rotated(names, cycle):
+            for name in rotated(names, cycle):
                 results[name].append(engines[name].ask("generate", request))
         ops = {
             name: _top_ops(engines[name].ask("profile", request)) if profile else None

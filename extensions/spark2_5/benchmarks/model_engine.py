@@ -12,6 +12,7 @@ import itertools
 import multiprocessing
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ def _engine_process(conn: Any, spec: EngineSpec) -> None:
     """Own one ``LLM`` and answer the parent's commands until told to stop."""
     use_in_process_engine(spec.threads)
     if spec.exact_gelu_mlp:
-        _use_exact_gelu_in_llama_mlp()
+        use_exact_gelu_in_llama_mlp()
     if spec.rope_positions is not None:
         _build_rope_over(spec.rope_positions)
     from vllm import LLM
@@ -163,7 +164,7 @@ def _take_forwards(model: Any) -> list[tuple[bool, int, float]]:
     return forwards
 
 
-def _use_exact_gelu_in_llama_mlp() -> None:
+def use_exact_gelu_in_llama_mlp() -> None:
     """Build in-tree Llama's MLP with exact GELU instead of SiLU.
 
     The same ``GeluAndMul`` as Spark2_5's MLP, so that the only work the
@@ -222,19 +223,23 @@ class Engine:
     returns at once, so that several engines start side by side; the first command
     waits until the engine is up."""
 
-    def __init__(self, spec: EngineSpec) -> None:
+    def __init__(self, spec: Any, target: Callable[[Any, Any], None] = _engine_process) -> None:
+        """``target(conn, spec)`` runs in the new process: it sends one message with
+        ``init_s`` once up, then answers commands until "stop"."""
         context = multiprocessing.get_context("spawn")
         self.conn, child_conn = context.Pipe()
-        self.process = context.Process(target=_engine_process, args=(child_conn, spec))
+        self.process = context.Process(target=target, args=(child_conn, spec))
         self.process.start()
         child_conn.close()
-        # Seconds the engine took to start (its LLM constructor), once it is up.
+        # Once up: the process's first message, and the seconds it took to start.
+        self.startup: dict[str, Any] = {}
         self.init_s: float | None = None
 
     def up(self) -> None:
         """Wait until the engine has started."""
         if self.init_s is None:
-            self.init_s = self._receive()["init_s"]
+            self.startup = self._receive()
+            self.init_s = self.startup["init_s"]
 
     def _receive(self) -> dict[str, Any]:
         try:

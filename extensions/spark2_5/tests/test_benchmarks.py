@@ -23,6 +23,7 @@ SCRIPTS = (
     "bench_streaming.py",
     "bench_layer_ops.py",
     "bench_additions.py",
+    "bench_shared_weights.py",
 )
 
 
@@ -118,7 +119,7 @@ def test_every_model_runs_first_in_turn(benchmarks_on_path):
     import bench_model
 
     names = ["spark2_5", bench_model.GELU_LLAMA, bench_model.CONTROL]
-    firsts = [bench_model._rotated(names, index)[0] for index in range(len(names))]
+    firsts = [bench_model.rotated(names, index)[0] for index in range(len(names))]
     assert sorted(firsts) == sorted(names)
 
 
@@ -145,6 +146,39 @@ def test_the_additions_alternate_by_forward_in_a_real_engine(benchmarks_on_path,
     assert all(cpu_s > 0 for _, _, cpu_s in forwards)
     assert mixed[0] == own[0]
     assert mixed != own
+
+
+def test_engines_in_one_process_decode_on_one_copy_of_the_weights(benchmarks_on_path, tmp_path):
+    """bench_shared_weights.py's process builds the carrier, the exact-GELU Llama of
+    the same tensors and the control; the later two take every projection's and
+    the LM head's packed weights from the first, which changes no token: the
+    Llama decodes what an engine of its own decodes, the control what the
+    carrier decodes. Each engine's steps are timed."""
+    from bench_model import CONTROL, GELU_LLAMA
+    from bench_shared_weights import MODELS, ProcessPlan, _pair_process
+    from model_engine import Engine, EngineSpec
+
+    from spark2_5_dev.checkpoints import build_llama_twin, build_spark2_5_checkpoint
+
+    spark = build_spark2_5_checkpoint(
+        tmp_path / "spark2_5", seed=0, std=0.5, tie_word_embeddings=False
+    )
+    llama = build_llama_twin(spark, tmp_path / "llama")
+    checkpoints = {"spark2_5": str(spark), CONTROL: str(spark), GELU_LLAMA: str(llama)}
+    request = {"prompts": [[17, 40, 99, 120, 33], [50, 60]], "output_len": 6}
+    with Engine(ProcessPlan(checkpoints, MODELS, 256, enforce_eager=True), _pair_process) as pair:
+        pair.up()
+        result = pair.ask("run", request)
+    with Engine(EngineSpec(str(llama), 256, "bfloat16", exact_gelu_mlp=True)) as own:
+        llama_tokens = own.ask("generate", request)["token_ids"]
+    layers = 4
+    # Llama: q/k/v, o, gate/up and down per layer, and the LM head; the control: its
+    # g_proj too, and the embedding's packed form (the same name only in Spark2_5).
+    assert pair.startup["projections"] == (layers * 4 + 1) + (layers * 5 + 2)
+    assert [result["tokens"][GELU_LLAMA][f"0-{i}"] for i in range(2)] == llama_tokens
+    assert result["tokens"][CONTROL] == result["tokens"]["spark2_5"]
+    assert result["tokens"]["spark2_5"] != result["tokens"][GELU_LLAMA]
+    assert all(result["cpu_s"][name] > 0 for name in MODELS)
 
 
 def test_the_control_is_a_second_engine_of_the_carriers_checkpoint(benchmarks_on_path):

@@ -1,0 +1,276 @@
+"""Spark2_5 against in-tree Llama in one process on one copy of the weights, at the
+Spark-X2.5-4B's layer dimensions, on real vLLM (CPU), eager or compiled.
+
+Why one copy: where an engine's weights land in memory sets its decode speed. Three
+engines of one checkpoint in one process decoded at 1.00, 1.03 and 0.95 of each
+other, each steady from run to run; with the first engine's packed weights shared
+by the other two, all three ran within 1-3% of each other, which the runs' own
+spread covers. Engines in separate processes carry that placement
+(``bench_model.py``), so a comparison across them needs dozens of rounds per
+percent.
+
+So one process builds three engines of ``bench_model.py``'s 4B-layer scenarios:
+Spark2_5, the exact-GELU Llama holding the same tensors, and Spark2_5 again (the
+control). Each engine built after the first takes, for every projection and the
+LM head, the packed weights of the first engine's projection of the same name,
+after checking that the two hold equal values: the models then read the same
+memory and differ only in their own work (Spark2_5's output gate, its separate
+``g_proj``, the finite keys/values guard on CPU). All engines get the same
+requests; they step in turn, the first to step rotating, and each step's
+process CPU time is taken, so a drift of the machine falls on all of them alike.
+
+A run's ratio is Llama's CPU seconds over Spark2_5's for the same tokens: Spark2_5's
+speed relative to Llama. The report gives the geometric mean over runs (processes
+pooled; which engine each builds first rotates) with its 95% interval, whose
+half-width is the resolution achieved, and the control's ratio, which must hold
+1.00. The control also decodes the very tokens Spark2_5 decodes, or the run stops.
+
+    python extensions/spark2_5/benchmarks/bench_shared_weights.py [--quick] \
+        [--compiled] [--runs N] [--processes N] [--scenario TEXT] [--out PATH.json]
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench_model import CONTROL, GELU_LLAMA, Scenario, build_models, random_prompts, rotated
+from common import (
+    FOUR_B_LAYER_DIMS,
+    Record,
+    allocator,
+    base_parser,
+    positive_int,
+    ratio_interval,
+    table,
+    use_in_process_engine,
+    warn_without_tcmalloc,
+)
+from model_engine import Engine, use_exact_gelu_in_llama_mlp
+from model_report import ratio_cell
+
+MODELS = ("spark2_5", GELU_LLAMA, CONTROL)
+RATIOS = {f"spark2_5 / {GELU_LLAMA}": GELU_LLAMA, f"spark2_5 / {CONTROL}": CONTROL}
+# Spark2_5's projection names as in-tree Llama names the same projection.
+LLAMA_NAMES = {"q_k_v_proj": "qkv_proj", "out_proj": "o_proj"}
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    """The engines one process builds, in building order."""
+
+    checkpoints: dict[str, str]
+    order: tuple[str, ...]
+    max_model_len: int
+    enforce_eager: bool
+
+
+def share_packed_weights() -> dict[str, int]:
+    """From now on in this process, a CPU projection packed for an engine reuses the
+    packed weights of the first projection of the same name and equal values.
+    Returns the live count of projections that took another's weights."""
+    import torch
+    from vllm.model_executor.layers import utils
+
+    pack = utils.dispatch_cpu_unquantized_gemm
+    first: dict[str, tuple[Any, Any]] = {}
+    shared = {"projections": 0}
+
+    def pack_once(layer: Any, remove_weight: bool) -> None:
+        name = ".".join(LLAMA_NAMES.get(part, part) for part in layer.prefix.split("."))
+        if name not in first:
+            weight = layer.weight
+            pack(layer, remove_weight)
+            first[name] = (weight, layer.cpu_linear)
+            return
+        weight, cpu_linear = first[name]
+        if not (weight.shape == layer.weight.shape and weight.equal(layer.weight)):
+            raise SystemExit(f"{layer.prefix}: the engines' weights differ; nothing to share")
+        layer.cpu_linear = cpu_linear
+        if remove_weight:
+            layer.weight = torch.nn.Parameter(layer.weight.new_empty(0), requires_grad=False)
+        shared["projections"] += 1
+
+    utils.dispatch_cpu_unquantized_gemm = pack_once
+    return shared
+
+
+def _pair_process(conn: Any, plan: ProcessPlan) -> None:
+    """Build the plan's engines on one copy of the weights, then answer "run"s."""
+    use_in_process_engine(threads=1)
+    use_exact_gelu_in_llama_mlp()
+    from vllm import LLM
+
+    shared = share_packed_weights()
+    started = time.perf_counter()
+    llms = {
+        name: LLM(
+            model=plan.checkpoints[name],
+            dtype="bfloat16",
+            max_model_len=plan.max_model_len,
+            enforce_eager=plan.enforce_eager,
+            enable_prefix_caching=False,
+            seed=0,
+        )
+        for name in plan.order
+    }
+    conn.send({"init_s": time.perf_counter() - started, **shared})
+    runs = 0
+    while True:
+        command, request = conn.recv()
+        if command == "stop":
+            conn.close()
+            return
+        conn.send(_stepped_run(llms, request, runs))
+        runs += 1
+
+
+def _stepped_run(llms: dict[str, Any], request: dict[str, Any], run: int) -> dict[str, Any]:
+    """One run of ``request`` on every engine, stepping them in turn; per engine its
+    CPU and wall seconds in steps and the tokens it decoded."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(
+        max_tokens=request["output_len"], ignore_eos=True, temperature=0.0, detokenize=False
+    )
+    engines = {name: llm.llm_engine for name, llm in llms.items()}
+    for engine in engines.values():
+        for index, ids in enumerate(request["prompts"]):
+            engine.add_request(f"{run}-{index}", TokensPrompt(prompt_token_ids=ids), params)
+    cpu_s = dict.fromkeys(engines, 0.0)
+    wall_s = dict.fromkeys(engines, 0.0)
+    tokens: dict[str, dict[str, list[int]]] = {name: {} for name in engines}
+    for step in itertools.count(run):
+        busy = [n for n in rotated(list(engines), step) if engines[n].has_unfinished_requests()]
+        if not busy:
+            break
+        for name in busy:
+            wall, cpu = time.perf_counter(), time.process_time()
+            outputs = engines[name].step()
+            cpu_s[name] += time.process_time() - cpu
+            wall_s[name] += time.perf_counter() - wall
+            for out in outputs:
+                if out.finished:
+                    tokens[name][out.request_id] = list(out.outputs[0].token_ids)
+    return {"cpu_s": cpu_s, "wall_s": wall_s, "tokens": tokens}
+
+
+def run_scenario(scenario: Scenario, processes: int, runs: int, eager: bool) -> dict[str, Any]:
+    print(f"\n== {scenario.name}", flush=True)
+    request = {
+        "prompts": random_prompts(scenario.batch, scenario.prompt_len, seed=1),
+        "output_len": scenario.output_len,
+    }
+    samples: dict[str, list[float]] = {ratio: [] for ratio in RATIOS}
+    shared = []
+    with tempfile.TemporaryDirectory(prefix="bench-shared-weights-") as tmp:
+        paths = build_models(Path(tmp), scenario, FOUR_B_LAYER_DIMS)
+        checkpoints = {"spark2_5": str(paths["spark2_5"]), CONTROL: str(paths["spark2_5"])}
+        checkpoints[GELU_LLAMA] = str(paths["llama"])
+        for index in range(processes):
+            plan = ProcessPlan(
+                checkpoints, tuple(rotated(list(MODELS), index)), scenario.max_model_len, eager
+            )
+            process_samples, projections = _process_ratios(plan, request, runs)
+            shared.append(projections)
+            for ratio, values in process_samples.items():
+                samples[ratio] += values
+            print(
+                f"  process {index + 1} (built {', '.join(plan.order)}; "
+                f"{projections} projections shared): "
+                + "; ".join(f"{r} {_cell(ratio_interval(v))}" for r, v in process_samples.items()),
+                flush=True,
+            )
+    return {
+        "scenario": asdict(scenario),
+        "processes": processes,
+        "runs_per_process": runs,
+        "projections_shared_per_process": shared,
+        "ratios": {ratio: ratio_interval(values) for ratio, values in samples.items()},
+    }
+
+
+def _process_ratios(
+    plan: ProcessPlan, request: dict[str, Any], runs: int
+) -> tuple[dict[str, list[float]], int]:
+    """One process's per-run ratios (Spark2_5's speed over each other engine's) and
+    how many projections its later engines took from the first."""
+    samples: dict[str, list[float]] = {ratio: [] for ratio in RATIOS}
+    with Engine(plan, target=_pair_process) as engine:
+        engine.up()
+        projections = engine.startup["projections"]
+        engine.ask("run", {"prompts": request["prompts"][:4], "output_len": 4})
+        for _ in range(runs):
+            result = engine.ask("run", request)
+            if result["tokens"][CONTROL] != result["tokens"]["spark2_5"]:
+                raise SystemExit("the control decoded other tokens than Spark2_5 on one copy")
+            for ratio, other in RATIOS.items():
+                samples[ratio].append(result["cpu_s"][other] / result["cpu_s"]["spark2_5"])
+    return samples, projections
+
+
+def _cell(ratio: dict[str, Any]) -> str:
+    return f"{ratio_cell(ratio, digits=4)} over {len(ratio['samples'])} runs"
+
+
+def print_report(results: list[dict[str, Any]]) -> None:
+    rows = [
+        (item["scenario"]["name"], name, _cell(ratio), f"±{ratio['resolution']:.2%}")
+        for item in results
+        for name, ratio in item["ratios"].items()
+    ]
+    print("\nSpeed per CPU second, one copy of the weights, geometric mean of runs [95%]:")
+    print(table(("scenario", "ratio", "geometric mean [95%]", "resolution"), rows))
+
+
+def main() -> int:
+    parser = base_parser(__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--compiled", action="store_true", help="vLLM's default torch.compile mode, not eager"
+    )
+    parser.add_argument("--runs", type=positive_int, help="runs per process (default 12, quick 2)")
+    parser.add_argument(
+        "--processes", type=positive_int, help="processes per scenario (default 2, quick 1)"
+    )
+    parser.add_argument("--scenario", metavar="TEXT", help="only the scenarios naming TEXT")
+    args = parser.parse_args()
+    warn_without_tcmalloc()
+    runs = args.runs or (2 if args.quick else 12)
+    processes = args.processes or (1 if args.quick else 2)
+    scenarios = [
+        s
+        for s in Scenario.for_mode(args.quick, "4b-layers")
+        if args.scenario is None or args.scenario in s.name
+    ]
+    if not scenarios:
+        raise SystemExit(f"--scenario {args.scenario!r} names no scenario of bench_model.py")
+    record = Record(
+        "shared weights",
+        {
+            "dims": FOUR_B_LAYER_DIMS,
+            "dtype": "bfloat16",
+            "omp_threads": 1,
+            "enforce_eager": not args.compiled,
+            "processes_per_scenario": processes,
+            "runs_per_process": runs,
+            "allocator": allocator(),
+            "engine": "three in-process LLM engines stepped in turn, VLLM_CPU_KVCACHE_SPACE=1 "
+            "each, prefix caching off; projections and LM head packed once",
+        },
+    )
+    record.data["results"] = [
+        run_scenario(s, processes, runs, eager=not args.compiled) for s in scenarios
+    ]
+    print_report(record.data["results"])
+    record.finish(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
