@@ -1,13 +1,10 @@
 """Spark2_5 against in-tree Llama in one process on one copy of the weights, at the
 Spark-X2.5-4B's layer dimensions, on real vLLM (CPU), eager or compiled.
 
-Why one copy: where an engine's weights land in memory sets its decode speed. Three
-engines of one checkpoint in one process decoded at 1.00, 1.03 and 0.95 of each
-other, each steady from run to run; with the first engine's packed weights shared
-by the other two, all three ran within 1-3% of each other, which the runs' own
-spread covers. Engines in separate processes carry that placement
-(``bench_model.py``), so a comparison across them needs dozens of rounds per
-percent.
+Why one copy: where an engine's weights land in memory sets its decode speed, and
+keeps it for the engine's life. Engines in separate processes (``bench_model.py``)
+or with their own copies in one process (``--own-weights``, the contrast) differ
+by several percent that way, so comparing them needs dozens of rounds per percent.
 
 So one process builds three engines of ``bench_model.py``'s 4B-layer scenarios:
 Spark2_5, the exact-GELU Llama holding the same tensors, and Spark2_5 again (the
@@ -22,11 +19,13 @@ process CPU time is taken, so a drift of the machine falls on all of them alike.
 A run's ratio is Llama's CPU seconds over Spark2_5's for the same tokens: Spark2_5's
 speed relative to Llama. The report gives the geometric mean over runs (processes
 pooled; which engine each builds first rotates) with its 95% interval, whose
-half-width is the resolution achieved, and the control's ratio, which must hold
-1.00. The control also decodes the very tokens Spark2_5 decodes, or the run stops.
+half-width is the resolution achieved, and the same for the control, whose true
+ratio is 1.00. The control also decodes the very tokens Spark2_5 decodes, or the
+run stops.
 
     python extensions/spark2_5/benchmarks/bench_shared_weights.py [--quick] \
-        [--compiled] [--runs N] [--processes N] [--scenario TEXT] [--out PATH.json]
+        [--compiled] [--own-weights] [--runs N] [--processes N] [--scenario TEXT] \
+        [--out PATH.json]
 """
 
 from __future__ import annotations
@@ -68,6 +67,8 @@ class ProcessPlan:
     order: tuple[str, ...]
     max_model_len: int
     enforce_eager: bool
+    # False: each engine packs its own weights, wherever they land (the contrast).
+    share_weights: bool = True
 
 
 def share_packed_weights() -> dict[str, int]:
@@ -106,7 +107,7 @@ def _pair_process(conn: Any, plan: ProcessPlan) -> None:
     use_exact_gelu_in_llama_mlp()
     from vllm import LLM
 
-    shared = share_packed_weights()
+    shared = share_packed_weights() if plan.share_weights else {"projections": 0}
     started = time.perf_counter()
     llms = {
         name: LLM(
@@ -161,37 +162,39 @@ def _stepped_run(llms: dict[str, Any], request: dict[str, Any], run: int) -> dic
     return {"cpu_s": cpu_s, "wall_s": wall_s, "tokens": tokens}
 
 
-def run_scenario(scenario: Scenario, processes: int, runs: int, eager: bool) -> dict[str, Any]:
+def run_scenario(
+    scenario: Scenario, processes: int, runs: int, engines: dict[str, bool]
+) -> dict[str, Any]:
+    """``engines``: ``enforce_eager`` and ``share_weights`` of every process's engines."""
     print(f"\n== {scenario.name}", flush=True)
     request = {
         "prompts": random_prompts(scenario.batch, scenario.prompt_len, seed=1),
         "output_len": scenario.output_len,
     }
     samples: dict[str, list[float]] = {ratio: [] for ratio in RATIOS}
-    shared = []
+    per_process = []
     with tempfile.TemporaryDirectory(prefix="bench-shared-weights-") as tmp:
         paths = build_models(Path(tmp), scenario, FOUR_B_LAYER_DIMS)
         checkpoints = {"spark2_5": str(paths["spark2_5"]), CONTROL: str(paths["spark2_5"])}
         checkpoints[GELU_LLAMA] = str(paths["llama"])
         for index in range(processes):
-            plan = ProcessPlan(
-                checkpoints, tuple(rotated(list(MODELS), index)), scenario.max_model_len, eager
-            )
+            order = tuple(rotated(list(MODELS), index))
+            plan = ProcessPlan(checkpoints, order, scenario.max_model_len, **engines)
             process_samples, projections = _process_ratios(plan, request, runs)
-            shared.append(projections)
+            ratios = {ratio: ratio_interval(values) for ratio, values in process_samples.items()}
+            per_process.append({"built": order, "projections_shared": projections, **ratios})
             for ratio, values in process_samples.items():
                 samples[ratio] += values
             print(
-                f"  process {index + 1} (built {', '.join(plan.order)}; "
+                f"  process {index + 1} (built {', '.join(order)}; "
                 f"{projections} projections shared): "
-                + "; ".join(f"{r} {_cell(ratio_interval(v))}" for r, v in process_samples.items()),
+                + "; ".join(f"{ratio} {_cell(value)}" for ratio, value in ratios.items()),
                 flush=True,
             )
     return {
         "scenario": asdict(scenario),
-        "processes": processes,
+        "processes": per_process,
         "runs_per_process": runs,
-        "projections_shared_per_process": shared,
         "ratios": {ratio: ratio_interval(values) for ratio, values in samples.items()},
     }
 
@@ -238,6 +241,11 @@ def main() -> int:
     parser.add_argument(
         "--processes", type=positive_int, help="processes per scenario (default 2, quick 1)"
     )
+    parser.add_argument(
+        "--own-weights",
+        action="store_true",
+        help="each engine packs its own copy of the weights: what sharing one copy removes",
+    )
     parser.add_argument("--scenario", metavar="TEXT", help="only the scenarios naming TEXT")
     args = parser.parse_args()
     warn_without_tcmalloc()
@@ -250,23 +258,22 @@ def main() -> int:
     ]
     if not scenarios:
         raise SystemExit(f"--scenario {args.scenario!r} names no scenario of bench_model.py")
+    engines = {"enforce_eager": not args.compiled, "share_weights": not args.own_weights}
     record = Record(
         "shared weights",
         {
             "dims": FOUR_B_LAYER_DIMS,
             "dtype": "bfloat16",
             "omp_threads": 1,
-            "enforce_eager": not args.compiled,
+            **engines,
             "processes_per_scenario": processes,
             "runs_per_process": runs,
             "allocator": allocator(),
             "engine": "three in-process LLM engines stepped in turn, VLLM_CPU_KVCACHE_SPACE=1 "
-            "each, prefix caching off; projections and LM head packed once",
+            "each, prefix caching off",
         },
     )
-    record.data["results"] = [
-        run_scenario(s, processes, runs, eager=not args.compiled) for s in scenarios
-    ]
+    record.data["results"] = [run_scenario(s, processes, runs, engines) for s in scenarios]
     print_report(record.data["results"])
     record.finish(args.out)
     return 0
