@@ -79,6 +79,8 @@ def share_packed_weights() -> dict[str, int]:
     from vllm.model_executor.layers import utils
 
     pack = utils.dispatch_cpu_unquantized_gemm
+    # By name: the first projection's unpacked weight (to check the later ones'
+    # values against) and its packed form.
     first: dict[str, tuple[Any, Any]] = {}
     shared = {"projections": 0}
 
@@ -102,7 +104,7 @@ def share_packed_weights() -> dict[str, int]:
 
 
 def _pair_process(conn: Any, plan: ProcessPlan) -> None:
-    """Build the plan's engines on one copy of the weights, then answer "run"s."""
+    """Build the plan's engines, then answer "run"s."""
     use_in_process_engine(threads=1)
     use_exact_gelu_in_llama_mlp()
     from vllm import LLM
