@@ -37,7 +37,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench_model import Scenario, build_spark2_5, random_prompts
+from bench_model import Scenario, build_spark2_5, chosen_scenarios, random_prompts
 from common import (
     FOUR_B_LAYER_DIMS,
     Record,
@@ -49,7 +49,7 @@ from common import (
     warn_without_tcmalloc,
 )
 from model_engine import Engine, EngineSpec
-from model_report import ratio_cell
+from model_report import samples_cell
 
 
 def run_scenario(scenario: Scenario, engines: int, runs: int) -> dict[str, Any]:
@@ -64,7 +64,10 @@ def run_scenario(scenario: Scenario, engines: int, runs: int) -> dict[str, Any]:
         spec = EngineSpec(str(path), scenario.max_model_len, "bfloat16")
         for index in range(engines):
             engine_ratios = _engine_pairs(spec, request, runs)
-            print(f"  engine {index + 1}: {_cell(ratio_interval(engine_ratios))}", flush=True)
+            print(
+                f"  engine {index + 1}: {samples_cell(ratio_interval(engine_ratios), 'pairs')}",
+                flush=True,
+            )
             ratios += engine_ratios
     return {
         "scenario": asdict(scenario),
@@ -93,15 +96,11 @@ def _engine_pairs(spec: EngineSpec, request: dict[str, Any], runs: int) -> list[
     return ratios
 
 
-def _cell(ratio: dict[str, Any]) -> str:
-    return f"{ratio_cell(ratio, digits=4)} over {len(ratio['samples'])} pairs"
-
-
 def print_report(results: list[dict[str, Any]]) -> None:
     rows = [
         (
             item["scenario"]["name"],
-            _cell(item["speed with / without additions"]),
+            samples_cell(item["speed with / without additions"], "pairs"),
             f"±{item['speed with / without additions']['resolution']:.2%}",
         )
         for item in results
@@ -123,13 +122,7 @@ def main() -> int:
     warn_without_tcmalloc()
     runs = args.runs or (2 if args.quick else 12)
     engines = args.engines or (1 if args.quick else 2)
-    scenarios = [
-        s
-        for s in Scenario.for_mode(args.quick, "4b-layers")
-        if args.scenario is None or args.scenario in s.name
-    ]
-    if not scenarios:
-        raise SystemExit(f"--scenario {args.scenario!r} names no scenario of bench_model.py")
+    scenarios = chosen_scenarios(args.quick, "4b-layers", args.scenario)
     record = Record(
         "additions",
         {

@@ -483,13 +483,14 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _chosen_scenarios(args: argparse.Namespace) -> list[Scenario]:
-    scenarios = Scenario.for_mode(args.quick, args.dims)
-    chosen = [s for s in scenarios if args.scenario is None or args.scenario in s.name]
+def chosen_scenarios(quick: bool, dims: str, text: str | None) -> list[Scenario]:
+    """The ``dims`` scenarios whose name holds ``text`` (all without it)."""
+    scenarios = Scenario.for_mode(quick, dims)
+    chosen = [s for s in scenarios if text is None or text in s.name]
     if not chosen:
         names = "; ".join(repr(s.name) for s in scenarios)
         raise SystemExit(
-            f"--scenario {args.scenario!r} names none of the --dims {args.dims} scenarios: "
+            f"--scenario {text!r} names none of the --dims {dims} scenarios: "
             f"{names}. Give part of one of those names."
         )
     return chosen
@@ -514,7 +515,7 @@ def main() -> int:
         rounds = RoundPlan(models, args.rounds, args.runs)
         results["throughput"] = [
             run_throughput(scenario, THROUGHPUT_DIMS[args.dims], rounds, engine_settings)
-            for scenario in _chosen_scenarios(args)
+            for scenario in chosen_scenarios(args.quick, args.dims, args.scenario)
         ]
     if args.only in (None, "memory"):
         results["memory"] = run_memory(args.memory_repeats, args.dtype, args.threads)

@@ -38,7 +38,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_model import CONTROL, GELU_LLAMA, Scenario, build_models, random_prompts, rotated
+from bench_model import (
+    CONTROL,
+    GELU_LLAMA,
+    Scenario,
+    build_models,
+    chosen_scenarios,
+    random_prompts,
+    rotated,
+)
 from common import (
     FOUR_B_LAYER_DIMS,
     Record,
@@ -50,8 +58,14 @@ from common import (
     use_in_process_engine,
     warn_without_tcmalloc,
 )
-from model_engine import Engine, use_exact_gelu_in_llama_mlp
-from model_report import ratio_cell
+from model_engine import (
+    Engine,
+    answer_commands,
+    offline_llm,
+    prompts_and_params,
+    use_exact_gelu_in_llama_mlp,
+)
+from model_report import samples_cell
 
 MODELS = ("spark2_5", GELU_LLAMA, CONTROL)
 RATIOS = {f"spark2_5 / {GELU_LLAMA}": GELU_LLAMA, f"spark2_5 / {CONTROL}": CONTROL}
@@ -107,61 +121,41 @@ def _pair_process(conn: Any, plan: ProcessPlan) -> None:
     """Build the plan's engines, then answer "run"s."""
     use_in_process_engine(threads=1)
     use_exact_gelu_in_llama_mlp()
-    from vllm import LLM
-
     shared = share_packed_weights() if plan.share_weights else {"projections": 0}
     started = time.perf_counter()
     llms = {
-        name: LLM(
-            model=plan.checkpoints[name],
-            dtype="bfloat16",
-            max_model_len=plan.max_model_len,
-            enforce_eager=plan.enforce_eager,
-            enable_prefix_caching=False,
-            seed=0,
+        name: offline_llm(
+            plan.checkpoints[name], plan.max_model_len, "bfloat16", plan.enforce_eager
         )
         for name in plan.order
     }
     conn.send({"init_s": time.perf_counter() - started, **shared})
-    runs = 0
-    while True:
-        command, request = conn.recv()
-        if command == "stop":
-            conn.close()
-            return
-        conn.send(_stepped_run(llms, request, runs))
-        runs += 1
+    runs = itertools.count()
+    answer_commands(conn, {"run": lambda request: _stepped_run(llms, request, next(runs))})
 
 
 def _stepped_run(llms: dict[str, Any], request: dict[str, Any], run: int) -> dict[str, Any]:
     """One run of ``request`` on every engine, stepping them in turn; per engine its
-    CPU and wall seconds in steps and the tokens it decoded."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    params = SamplingParams(
-        max_tokens=request["output_len"], ignore_eos=True, temperature=0.0, detokenize=False
-    )
+    process CPU seconds in steps and the tokens it decoded."""
+    prompts, params = prompts_and_params(request)
     engines = {name: llm.llm_engine for name, llm in llms.items()}
     for engine in engines.values():
-        for index, ids in enumerate(request["prompts"]):
-            engine.add_request(f"{run}-{index}", TokensPrompt(prompt_token_ids=ids), params)
+        for index, prompt in enumerate(prompts):
+            engine.add_request(f"{run}-{index}", prompt, params)
     cpu_s = dict.fromkeys(engines, 0.0)
-    wall_s = dict.fromkeys(engines, 0.0)
     tokens: dict[str, dict[str, list[int]]] = {name: {} for name in engines}
     for step in itertools.count(run):
         busy = [n for n in rotated(list(engines), step) if engines[n].has_unfinished_requests()]
         if not busy:
             break
         for name in busy:
-            wall, cpu = time.perf_counter(), time.process_time()
+            started = time.process_time()
             outputs = engines[name].step()
-            cpu_s[name] += time.process_time() - cpu
-            wall_s[name] += time.perf_counter() - wall
+            cpu_s[name] += time.process_time() - started
             for out in outputs:
                 if out.finished:
                     tokens[name][out.request_id] = list(out.outputs[0].token_ids)
-    return {"cpu_s": cpu_s, "wall_s": wall_s, "tokens": tokens}
+    return {"cpu_s": cpu_s, "tokens": tokens}
 
 
 def run_scenario(
@@ -173,7 +167,6 @@ def run_scenario(
         "prompts": random_prompts(scenario.batch, scenario.prompt_len, seed=1),
         "output_len": scenario.output_len,
     }
-    samples: dict[str, list[float]] = {ratio: [] for ratio in RATIOS}
     per_process = []
     with tempfile.TemporaryDirectory(prefix="bench-shared-weights-") as tmp:
         paths = build_models(Path(tmp), scenario, FOUR_B_LAYER_DIMS)
@@ -185,19 +178,22 @@ def run_scenario(
             process_samples, projections = _process_ratios(plan, request, runs)
             ratios = {ratio: ratio_interval(values) for ratio, values in process_samples.items()}
             per_process.append({"built": order, "projections_shared": projections, **ratios})
-            for ratio, values in process_samples.items():
-                samples[ratio] += values
             print(
                 f"  process {index + 1} (built {', '.join(order)}; "
                 f"{projections} projections shared): "
-                + "; ".join(f"{ratio} {_cell(value)}" for ratio, value in ratios.items()),
+                + "; ".join(
+                    f"{ratio} {samples_cell(value, 'runs')}" for ratio, value in ratios.items()
+                ),
                 flush=True,
             )
     return {
         "scenario": asdict(scenario),
         "processes": per_process,
         "runs_per_process": runs,
-        "ratios": {ratio: ratio_interval(values) for ratio, values in samples.items()},
+        "ratios": {
+            ratio: ratio_interval([s for process in per_process for s in process[ratio]["samples"]])
+            for ratio in RATIOS
+        },
     }
 
 
@@ -220,13 +216,9 @@ def _process_ratios(
     return samples, projections
 
 
-def _cell(ratio: dict[str, Any]) -> str:
-    return f"{ratio_cell(ratio, digits=4)} over {len(ratio['samples'])} runs"
-
-
 def print_report(results: list[dict[str, Any]]) -> None:
     rows = [
-        (item["scenario"]["name"], name, _cell(ratio), f"±{ratio['resolution']:.2%}")
+        (item["scenario"]["name"], name, samples_cell(ratio, "runs"), f"±{ratio['resolution']:.2%}")
         for item in results
         for name, ratio in item["ratios"].items()
     ]
@@ -253,13 +245,7 @@ def main() -> int:
     warn_without_tcmalloc()
     runs = args.runs or (2 if args.quick else 12)
     processes = args.processes or (1 if args.quick else 2)
-    scenarios = [
-        s
-        for s in Scenario.for_mode(args.quick, "4b-layers")
-        if args.scenario is None or args.scenario in s.name
-    ]
-    if not scenarios:
-        raise SystemExit(f"--scenario {args.scenario!r} names no scenario of bench_model.py")
+    scenarios = chosen_scenarios(args.quick, "4b-layers", args.scenario)
     engines = {"enforce_eager": not args.compiled, "share_weights": not args.own_weights}
     record = Record(
         "shared weights",

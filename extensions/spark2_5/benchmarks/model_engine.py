@@ -8,6 +8,7 @@ spawned process that answers the parent's commands over a pipe.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import multiprocessing
 import resource
@@ -47,18 +48,8 @@ def _engine_process(conn: Any, spec: EngineSpec) -> None:
         use_exact_gelu_in_llama_mlp()
     if spec.rope_positions is not None:
         _build_rope_over(spec.rope_positions)
-    from vllm import LLM
-
     started = time.perf_counter()
-    llm = LLM(
-        model=spec.model,
-        dtype=spec.dtype,
-        max_model_len=spec.max_model_len,
-        enforce_eager=spec.enforce_eager,
-        # Every timed run must prefill its prompts, not find them cached.
-        enable_prefix_caching=False,
-        seed=0,
-    )
+    llm = offline_llm(spec.model, spec.max_model_len, spec.dtype, spec.enforce_eager)
     conn.send({"init_s": time.perf_counter() - started})
     commands = {
         "generate": _generate,
@@ -67,15 +58,37 @@ def _engine_process(conn: Any, spec: EngineSpec) -> None:
         "alternate additions": _alternate_additions,
         "forward times": _forward_times,
     }
+    answer_commands(conn, {name: functools.partial(run, llm) for name, run in commands.items()})
+
+
+def offline_llm(model: str, max_model_len: int, dtype: str, enforce_eager: bool) -> Any:
+    """A benchmark's offline ``LLM``, in this process."""
+    from vllm import LLM
+
+    return LLM(
+        model=model,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        enforce_eager=enforce_eager,
+        # Every timed run must prefill its prompts, not find them cached.
+        enable_prefix_caching=False,
+        seed=0,
+    )
+
+
+def answer_commands(conn: Any, commands: dict[str, Callable[[Any], Any]]) -> None:
+    """The engine process's side of ``Engine.ask``: answer each (command, payload)
+    with ``commands[command](payload)`` until told to stop."""
     while True:
         command, payload = conn.recv()
         if command == "stop":
             conn.close()
             return
-        conn.send(commands[command](llm, payload))
+        conn.send(commands[command](payload))
 
 
-def _requests(payload: dict[str, Any]) -> tuple[list[Any], Any]:
+def prompts_and_params(payload: dict[str, Any]) -> tuple[list[Any], Any]:
+    """A run's token prompts and its greedy, fixed-length sampling."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -87,7 +100,7 @@ def _requests(payload: dict[str, Any]) -> tuple[list[Any], Any]:
 
 
 def _generate(llm: Any, payload: dict[str, Any]) -> dict[str, Any]:
-    prompts, params = _requests(payload)
+    prompts, params = prompts_and_params(payload)
     started, cpu_started = time.perf_counter(), time.process_time()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     return {
@@ -101,7 +114,7 @@ def _generate(llm: Any, payload: dict[str, Any]) -> dict[str, Any]:
 def _profile(llm: Any, payload: dict[str, Any]) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
-    prompts, params = _requests(payload)
+    prompts, params = prompts_and_params(payload)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         llm.generate(prompts, params, use_tqdm=False)
     return {
@@ -231,15 +244,18 @@ class Engine:
         self.process = context.Process(target=target, args=(child_conn, spec))
         self.process.start()
         child_conn.close()
-        # Once up: the process's first message, and the seconds it took to start.
+        # Once up: the process's first message.
         self.startup: dict[str, Any] = {}
-        self.init_s: float | None = None
+
+    @property
+    def init_s(self) -> float | None:
+        """Seconds the engine took to start, once it is up."""
+        return self.startup.get("init_s")
 
     def up(self) -> None:
         """Wait until the engine has started."""
-        if self.init_s is None:
+        if not self.startup:
             self.startup = self._receive()
-            self.init_s = self.startup["init_s"]
 
     def _receive(self) -> dict[str, Any]:
         try:

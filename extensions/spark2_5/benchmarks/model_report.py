@@ -77,6 +77,11 @@ def ratio_cell(ratio: dict[str, Any], digits: int = 3) -> str:
     return f"{ratio['geomean']:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
+def samples_cell(ratio: dict[str, Any], samples: str) -> str:
+    """A ratio to four digits and how many ``samples`` (pairs, runs) it rests on."""
+    return f"{ratio_cell(ratio, digits=4)} over {len(ratio['samples'])} {samples}"
+
+
 def print_op_profile(scenario: str, profiles: dict[str, dict[str, Any]]) -> None:
     """Self CPU ms per operator of one profiled run per model, largest first."""
     models = list(profiles)
