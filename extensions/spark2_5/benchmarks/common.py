@@ -100,12 +100,21 @@ def warn_without_tcmalloc() -> None:
 
 def positive_int(text: str) -> int:
     """An argparse type: a whole number of at least 1 (rounds, runs, repeats)."""
+    return _whole_number(text, least=1)
+
+
+def two_or_more(text: str) -> int:
+    """An argparse type: a whole number of at least 2 (samples an interval rests on)."""
+    return _whole_number(text, least=2)
+
+
+def _whole_number(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least {least}")
     return value
 
 
