@@ -293,34 +293,26 @@ def test_the_model_throughput_figures_in_the_docs_are_the_archived_records(bench
 
 def test_the_shared_weights_figures_in_the_docs_are_the_archived_records(benchmarks_on_path):
     """docs/benchmarks.md gives every scenario of both bench_shared_weights.py records,
-    the carrier over the exact-GELU Llama as the report renders it, and the range
-    its control came out in."""
+    the carrier over the exact-GELU Llama over processes as the report renders it,
+    each process's figure for decode batch 1, and the range the control came out in."""
     from bench_model import CONTROL
-    from common import ratio_interval
     from model_report import ratio_cell
 
     expected, controls = {}, []
     for name in SHARED_WEIGHTS_RECORDS:
-        for item in json.loads((CARRIER / "evidence" / name).read_text())["results"]:
-            expected[(name, item["scenario"]["name"])] = ratio_cell(item["ratios"][LIKE_FOR_LIKE])
-            controls.append(item["ratios"][f"spark2_5 / {CONTROL}"])
+        for item in _shared_weights_results(name):
+            by_process = item["by_process"]
+            expected[(name, item["scenario"]["name"])] = ratio_cell(by_process[LIKE_FOR_LIKE])
+            controls.append(by_process[f"spark2_5 / {CONTROL}"])
     assert _documented_ratios(SHARED_WEIGHTS_RECORDS) == expected
     low = min(control["geomean"] for control in controls)
     high = max(control["geomean"] for control in controls)
     widest = max(control["resolution"] for control in controls)
     doc = " ".join((CARRIER / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
     assert f"between {low:.3f} and {high:.3f} (intervals ±{widest:.1%} at most)" in doc
-    # Eager decode batch 1 by process, over both of its records: a process's runs
-    # are consecutive in the pooled samples.
-    by_process = sorted(
-        ratio_interval(chunk)["geomean"]
-        for name in (SHARED_WEIGHTS_RECORDS[0], "perf-shared-weights-4b-b1.json")
-        for chunk in _by_process(_batch_1(name), LIKE_FOR_LIKE)
-    )
-    assert (
-        f"{by_process[0]:.3f} in one, {by_process[1]:.3f} to {by_process[-1]:.3f} "
-        f"in {('two', 'three', 'four', 'five', 'six', 'seven')[len(by_process) - 3]}"
-    ) in doc
+    for name, mode in zip(SHARED_WEIGHTS_RECORDS, ("eager", "compiled"), strict=True):
+        processes = [p[LIKE_FOR_LIKE]["geomean"] for p in _batch_1(name)["processes"]]
+        assert f"{mode}: {', '.join(f'{p:.3f}' for p in processes)}" in doc
     own = [
         p[f"spark2_5 / {CONTROL}"]["geomean"]
         for p in _batch_1("perf-own-weights-4b.json")["processes"]
@@ -328,14 +320,12 @@ def test_the_shared_weights_figures_in_the_docs_are_the_archived_records(benchma
     assert f"{own[0]:.3f}, {own[1]:.3f} and {own[2]:.3f} in three processes" in doc
 
 
-def _by_process(item: dict, ratio: str) -> list[list[float]]:
-    samples, runs = item["ratios"][ratio]["samples"], item["runs_per_process"]
-    return [samples[start : start + runs] for start in range(0, len(samples), runs)]
+def _shared_weights_results(record: str) -> list[dict]:
+    return json.loads((CARRIER / "evidence" / record).read_text())["results"]
 
 
 def _batch_1(record: str) -> dict:
-    results = json.loads((CARRIER / "evidence" / record).read_text())["results"]
-    return next(item for item in results if item["scenario"]["batch"] == 1)
+    return next(item for item in _shared_weights_results(record) if item["scenario"]["batch"] == 1)
 
 
 def test_the_additions_figures_in_the_docs_are_the_archived_record(benchmarks_on_path):
