@@ -21,8 +21,8 @@ speed relative to Llama. The report's figure is the geometric mean over processe
 (one sample each: the geometric mean of its runs; which engine each builds first
 rotates) with its 95% interval, whose half-width is the resolution achieved; the
 runs pooled beside it miss what varies by process. The same for the control,
-whose true ratio is 1.00. The control also decodes the very tokens Spark2_5 decodes, or the
-run stops.
+whose true ratio is 1.00. The control also decodes the very tokens Spark2_5
+decodes, or the run stops.
 
     python extensions/spark2_5/benchmarks/bench_shared_weights.py [--quick] \
         [--compiled] [--own-weights] [--runs N] [--processes N] [--scenario TEXT] \

@@ -294,7 +294,8 @@ def test_the_model_throughput_figures_in_the_docs_are_the_archived_records(bench
 def test_the_shared_weights_figures_in_the_docs_are_the_archived_records(benchmarks_on_path):
     """docs/benchmarks.md gives every scenario of both bench_shared_weights.py records,
     the carrier over the exact-GELU Llama over processes as the report renders it,
-    each process's figure for decode batch 1, and the range the control came out in."""
+    each process's figure for decode batch 1, the range the control came out in, and
+    the resolution of the fresh-process records they replaced."""
     from bench_model import CONTROL
     from model_report import ratio_cell
 
@@ -318,6 +319,13 @@ def test_the_shared_weights_figures_in_the_docs_are_the_archived_records(benchma
         for p in _batch_1("perf-own-weights-4b.json")["processes"]
     ]
     assert f"{own[0]:.3f}, {own[1]:.3f} and {own[2]:.3f} in three processes" in doc
+    # The contrast's other side: the fresh-process records the shared copy replaced.
+    fresh = [
+        item["ratios"][LIKE_FOR_LIKE]["cpu"]["resolution"]
+        for name in ("perf-model-4b.json", "perf-model-4b-compiled.json")
+        for item in json.loads((CARRIER / "evidence" / name).read_text())["results"]["throughput"]
+    ]
+    assert f"processes resolve ±{min(fresh):.1%} to ±{max(fresh):.1%}" in doc
 
 
 def _shared_weights_results(record: str) -> list[dict]:
