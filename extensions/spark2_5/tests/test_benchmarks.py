@@ -48,6 +48,18 @@ def test_bench_model_names_the_scenarios_when_none_matches():
     assert "'decode, batch 1, 4B layers (3 sliding : 1 full)'" in done.stderr
 
 
+@pytest.mark.parametrize("value", ["1", "0", "two"])
+def test_bench_shared_weights_refuses_fewer_than_two_processes(value: str):
+    """An interval over processes needs two of them."""
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_shared_weights.py"), "--processes", value],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2
+    assert f"--processes: {value!r} is not a whole number of at least 2" in done.stderr
+
+
 @pytest.mark.parametrize("value", ["0", "-2", "two"])
 def test_bench_model_refuses_rounds_and_runs_below_one(value: str):
     for option in ("--rounds", "--runs"):
