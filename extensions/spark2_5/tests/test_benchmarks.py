@@ -256,7 +256,13 @@ THROUGHPUT_RECORDS = (
     "perf-model-compiled.json",
 )
 LIKE_FOR_LIKE = "spark2_5 / llama with exact-GELU MLP"
-SHARED_WEIGHTS_RECORDS = ("perf-shared-weights-4b.json", "perf-shared-weights-4b-compiled.json")
+SHARED_WEIGHTS_RECORDS = (
+    "perf-shared-weights-4b.json",
+    "perf-shared-weights-4b-compiled.json",
+    # Decode batch 1 again over more processes: it varies most from one to the next.
+    "perf-shared-weights-4b-b1.json",
+    "perf-shared-weights-4b-b1-compiled.json",
+)
 ADDITIONS_RECORD = "perf-additions-4b.json"
 
 
@@ -303,29 +309,45 @@ def test_the_model_throughput_figures_in_the_docs_are_the_archived_records(bench
     assert _documented_ratios(THROUGHPUT_RECORDS) == expected
 
 
+def _deciding_ratios() -> dict[tuple[bool, str], tuple[str, dict]]:
+    """(eager, scenario) -> (record, the carrier over the exact-GELU Llama over
+    processes) from the bench_shared_weights.py record over the most processes."""
+    deciding: dict[tuple[bool, str], tuple[str, dict]] = {}
+    for name in SHARED_WEIGHTS_RECORDS:
+        record = json.loads((CARRIER / "evidence" / name).read_text())
+        for item in record["results"]:
+            key = (record["settings"]["enforce_eager"], item["scenario"]["name"])
+            ratio = item["by_process"][LIKE_FOR_LIKE]
+            if key not in deciding or len(ratio["samples"]) > len(deciding[key][1]["samples"]):
+                deciding[key] = (name, ratio)
+    return deciding
+
+
 def test_the_shared_weights_figures_in_the_docs_are_the_archived_records(benchmarks_on_path):
-    """docs/benchmarks.md gives every scenario of both bench_shared_weights.py records,
-    the carrier over the exact-GELU Llama over processes as the report renders it,
-    each process's figure for decode batch 1, the range the control came out in, and
-    the resolution of the fresh-process records they replaced."""
+    """docs/benchmarks.md gives every scenario, eager and compiled, from the
+    bench_shared_weights.py record over the most processes, as the report renders
+    it; the spread of eager decode batch 1 by process; the range every control
+    came out in; and the resolution of the fresh-process records they replaced."""
     from bench_model import CONTROL
     from model_report import ratio_cell
 
-    expected, controls = {}, []
-    for name in SHARED_WEIGHTS_RECORDS:
-        for item in _shared_weights_results(name):
-            by_process = item["by_process"]
-            expected[(name, item["scenario"]["name"])] = ratio_cell(by_process[LIKE_FOR_LIKE])
-            controls.append(by_process[f"spark2_5 / {CONTROL}"])
+    expected = {
+        (name, scenario): ratio_cell(ratio)
+        for (_, scenario), (name, ratio) in _deciding_ratios().items()
+    }
     assert _documented_ratios(SHARED_WEIGHTS_RECORDS) == expected
+    controls = [
+        item["by_process"][f"spark2_5 / {CONTROL}"]
+        for name in SHARED_WEIGHTS_RECORDS
+        for item in _shared_weights_results(name)
+    ]
     low = min(control["geomean"] for control in controls)
     high = max(control["geomean"] for control in controls)
     widest = max(control["resolution"] for control in controls)
     doc = " ".join((CARRIER / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
-    assert f"between {low:.3f} and {high:.3f} (intervals ±{widest:.1%} at most)" in doc
-    for name, mode in zip(SHARED_WEIGHTS_RECORDS, ("eager", "compiled"), strict=True):
-        processes = [p[LIKE_FOR_LIKE]["geomean"] for p in _batch_1(name)["processes"]]
-        assert f"{mode}: {', '.join(f'{p:.3f}' for p in processes)}" in doc
+    assert f"control came out at {low:.3f} to {high:.3f} (±{widest:.1%} at most)" in doc
+    spread = _batch_1(SHARED_WEIGHTS_RECORDS[2])["by_process"][LIKE_FOR_LIKE]["samples"]
+    assert f"(eager: {min(spread):.3f} to {max(spread):.3f})" in doc
     own = [
         p[f"spark2_5 / {CONTROL}"]["geomean"]
         for p in _batch_1("perf-own-weights-4b.json")["processes"]
@@ -338,6 +360,16 @@ def test_the_shared_weights_figures_in_the_docs_are_the_archived_records(benchma
         for item in json.loads((CARRIER / "evidence" / name).read_text())["results"]["throughput"]
     ]
     assert f"processes resolve ±{min(fresh):.1%} to ±{max(fresh):.1%}" in doc
+
+
+def test_the_4b_layer_records_put_spark2_5_within_1_percent_of_llama():
+    """Issue #28's bar, read from the archive: at the 4B's layer dims, eager and
+    compiled, every scenario's interval over processes of the carrier over the
+    exact-GELU Llama lies above 0.99, in the record over the most processes."""
+    deciding = _deciding_ratios()
+    assert len(deciding) == 6, sorted(deciding)
+    below = {key: ratio["ci95"] for key, (_, ratio) in deciding.items() if ratio["ci95"][0] < 0.99}
+    assert not below, below
 
 
 def _shared_weights_results(record: str) -> list[dict]:
