@@ -256,14 +256,20 @@ THROUGHPUT_RECORDS = (
     "perf-model-compiled.json",
 )
 LIKE_FOR_LIKE = "spark2_5 / llama with exact-GELU MLP"
+# Decode batch 1 again over more processes: it varies most from one to the next.
+EAGER_BATCH_1_RECORD = "perf-shared-weights-4b-b1.json"
 SHARED_WEIGHTS_RECORDS = (
     "perf-shared-weights-4b.json",
     "perf-shared-weights-4b-compiled.json",
-    # Decode batch 1 again over more processes: it varies most from one to the next.
-    "perf-shared-weights-4b-b1.json",
+    EAGER_BATCH_1_RECORD,
     "perf-shared-weights-4b-b1-compiled.json",
 )
 ADDITIONS_RECORD = "perf-additions-4b.json"
+
+
+def _evidence(record: str) -> dict:
+    """One archived record of the carrier's evidence folder."""
+    return json.loads((CARRIER / "evidence" / record).read_text())
 
 
 def _doc_tables() -> list[list[list[str]]]:
@@ -302,7 +308,7 @@ def test_the_model_throughput_figures_in_the_docs_are_the_archived_records(bench
 
     expected = {}
     for name in THROUGHPUT_RECORDS:
-        record = json.loads((CARRIER / "evidence" / name).read_text())
+        record = _evidence(name)
         for item in record["results"]["throughput"]:
             ratio = item["ratios"][LIKE_FOR_LIKE]["cpu"]
             expected[(name, item["scenario"]["name"])] = ratio_cell(ratio)
@@ -314,7 +320,7 @@ def _deciding_ratios() -> dict[tuple[bool, str], tuple[str, dict]]:
     processes) from the bench_shared_weights.py record over the most processes."""
     deciding: dict[tuple[bool, str], tuple[str, dict]] = {}
     for name in SHARED_WEIGHTS_RECORDS:
-        record = json.loads((CARRIER / "evidence" / name).read_text())
+        record = _evidence(name)
         for item in record["results"]:
             key = (record["settings"]["enforce_eager"], item["scenario"]["name"])
             ratio = item["by_process"][LIKE_FOR_LIKE]
@@ -339,14 +345,14 @@ def test_the_shared_weights_figures_in_the_docs_are_the_archived_records(benchma
     controls = [
         item["by_process"][f"spark2_5 / {CONTROL}"]
         for name in SHARED_WEIGHTS_RECORDS
-        for item in _shared_weights_results(name)
+        for item in _evidence(name)["results"]
     ]
     low = min(control["geomean"] for control in controls)
     high = max(control["geomean"] for control in controls)
     widest = max(control["resolution"] for control in controls)
     doc = " ".join((CARRIER / "docs" / "benchmarks.md").read_text(encoding="utf-8").split())
     assert f"control came out at {low:.3f} to {high:.3f} (±{widest:.1%} at most)" in doc
-    spread = _batch_1(SHARED_WEIGHTS_RECORDS[2])["by_process"][LIKE_FOR_LIKE]["samples"]
+    spread = _batch_1(EAGER_BATCH_1_RECORD)["by_process"][LIKE_FOR_LIKE]["samples"]
     assert f"(eager: {min(spread):.3f} to {max(spread):.3f})" in doc
     own = [
         p[f"spark2_5 / {CONTROL}"]["geomean"]
@@ -357,7 +363,7 @@ def test_the_shared_weights_figures_in_the_docs_are_the_archived_records(benchma
     fresh = [
         item["ratios"][LIKE_FOR_LIKE]["cpu"]["resolution"]
         for name in ("perf-model-4b.json", "perf-model-4b-compiled.json")
-        for item in json.loads((CARRIER / "evidence" / name).read_text())["results"]["throughput"]
+        for item in _evidence(name)["results"]["throughput"]
     ]
     assert f"processes resolve ±{min(fresh):.1%} to ±{max(fresh):.1%}" in doc
 
@@ -372,12 +378,8 @@ def test_the_4b_layer_records_put_spark2_5_within_1_percent_of_llama():
     assert not below, below
 
 
-def _shared_weights_results(record: str) -> list[dict]:
-    return json.loads((CARRIER / "evidence" / record).read_text())["results"]
-
-
 def _batch_1(record: str) -> dict:
-    return next(item for item in _shared_weights_results(record) if item["scenario"]["batch"] == 1)
+    return next(item for item in _evidence(record)["results"] if item["scenario"]["batch"] == 1)
 
 
 def test_the_additions_figures_in_the_docs_are_the_archived_record(benchmarks_on_path):
@@ -386,7 +388,7 @@ def test_the_additions_figures_in_the_docs_are_the_archived_record(benchmarks_on
     renders it."""
     from model_report import ratio_cell
 
-    record = json.loads((CARRIER / "evidence" / ADDITIONS_RECORD).read_text())
+    record = _evidence(ADDITIONS_RECORD)
     expected = {
         (ADDITIONS_RECORD, item["scenario"]["name"]): ratio_cell(
             item["speed with / without additions"]
@@ -401,7 +403,7 @@ def test_the_layer_op_shares_in_the_docs_are_the_archived_record(benchmarks_on_p
     finite guard) as a share of a layer's four projections is the record's."""
     from bench_layer_ops import PROJECTIONS
 
-    results = json.loads((CARRIER / "evidence" / "perf-layer-ops.json").read_text())["results"]
+    results = _evidence("perf-layer-ops.json")["results"]
     shares = []
     for ops in results.values():
         projections = sum(ops[name]["median"] for name in PROJECTIONS)
