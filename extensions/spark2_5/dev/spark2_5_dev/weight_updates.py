@@ -482,30 +482,6 @@ def _quantized_reloads(
     }
 
 
-def as_avx2_cpu() -> None:
-    """Make this process's vLLM take what it takes on an x86 CPU with AVX2 only: its
-    ``_C_AVX2`` kernel library, the AVX2 attention, oneDNN linears. vLLM decides by
-    ``torch.cpu``'s ISA probes, so those answer no for AVX-512 and AMX; call it
-    before vLLM loads its kernels. Only narrowing is possible: the CPU runs AVX2.
-
-    TorchInductor, which compiles part of vLLM's sampler, picks its vector width
-    from ``ATEN_CPU_CAPABILITY``, and shares its cache of compiled kernels between
-    processes: emulated processes loading a kernel from the shared cache segfaulted
-    (vLLM 0.24 to 0.26, any request with log-probs, in-tree Llama too), and ran
-    with a fresh one. So AVX2 there too, and a cache of the emulation's own."""
-    import getpass
-    import os
-    import tempfile
-
-    import torch
-
-    os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
-    cache = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}_as_avx2"
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
-    for probe in ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_amx_tile_supported"):
-        setattr(torch.cpu, probe, lambda: False)
-
-
 def kernel_libraries() -> list[str]:
     """vLLM's CPU kernel libraries this process has loaded."""
     maps = Path("/proc/self/maps").read_text()
@@ -540,10 +516,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workdir", type=Path, required=True, help="where checkpoints go")
     parser.add_argument("--out", type=Path, required=True, help="JSON file for the results")
     parser.add_argument("--quantized-only", action="store_true", help="only run_quantized")
-    parser.add_argument("--as-avx2-cpu", action="store_true", help="see as_avx2_cpu")
     args = parser.parse_args(argv)
-    if args.as_avx2_cpu:
-        as_avx2_cpu()
     result = run_all(args.workdir, quantized_only=args.quantized_only)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 
