@@ -9,7 +9,8 @@ by several percent that way, so comparing them needs dozens of rounds per percen
 So one process builds three engines of ``bench_model.py``'s 4B-layer scenarios:
 Spark2_5, the exact-GELU Llama holding the same tensors, and Spark2_5 again (the
 control). Each engine built after the first takes, for every projection and the
-LM head, the packed weights of the first engine's projection of the same name,
+LM head, the weights of the first engine's projection of the same name as vLLM
+set them up (packed, or the weights themselves where vLLM computes with torch),
 after checking that the two hold equal values: the models then read the same
 memory and differ only in their own work (Spark2_5's output gate, its separate
 ``g_proj``, the finite keys/values guard on CPU). All engines get the same
@@ -87,35 +88,35 @@ class ProcessPlan:
     share_weights: bool = True
 
 
-def share_packed_weights() -> dict[str, int]:
-    """From now on in this process, a CPU projection packed for an engine reuses the
-    packed weights of the first projection of the same name and equal values.
-    Returns the live count of projections that took another's weights."""
-    import torch
+def share_projection_weights() -> dict[str, int]:
+    """From now on in this process, a CPU projection set up for an engine computes
+    from what the first projection of the same name and equal values computes from:
+    its packed weights (oneDNN's or the AMX kernel's, the weight itself removed) or,
+    where vLLM fell back to torch's linear (no oneDNN bf16 matmul below AVX-512), its
+    weight. Returns the live count of projections that took another's."""
     from vllm.model_executor.layers import utils
 
-    pack = utils.dispatch_cpu_unquantized_gemm
-    # By name: the first projection's unpacked weight (to check the later ones'
-    # values against) and its packed form.
+    set_up = utils.dispatch_cpu_unquantized_gemm
+    # By name: the first projection's weight as loaded (to check the later ones'
+    # values against) and the projection, as set up.
     first: dict[str, tuple[Any, Any]] = {}
     shared = {"projections": 0}
 
-    def pack_once(layer: Any, remove_weight: bool) -> None:
+    def set_up_once(layer: Any, remove_weight: bool) -> None:
         name = ".".join(LLAMA_NAMES.get(part, part) for part in layer.prefix.split("."))
         if name not in first:
-            weight = layer.weight
-            pack(layer, remove_weight)
-            first[name] = (weight, layer.cpu_linear)
+            first[name] = (layer.weight, layer)
+            set_up(layer, remove_weight)
             return
-        weight, cpu_linear = first[name]
+        weight, first_layer = first[name]
         if not (weight.shape == layer.weight.shape and weight.equal(layer.weight)):
             raise SystemExit(f"{layer.prefix}: the engines' weights differ; nothing to share")
-        layer.cpu_linear = cpu_linear
-        if remove_weight:
-            layer.weight = torch.nn.Parameter(layer.weight.new_empty(0), requires_grad=False)
+        layer.cpu_linear = first_layer.cpu_linear
+        # Empty where the packed weights replaced it, else the very tensor it reads.
+        layer.weight = first_layer.weight
         shared["projections"] += 1
 
-    utils.dispatch_cpu_unquantized_gemm = pack_once
+    utils.dispatch_cpu_unquantized_gemm = set_up_once
     return shared
 
 
@@ -123,7 +124,7 @@ def _pair_process(conn: Any, plan: ProcessPlan) -> None:
     """Build the plan's engines, then answer "run"s."""
     use_in_process_engine(threads=1)
     use_exact_gelu_in_llama_mlp()
-    shared = share_packed_weights() if plan.share_weights else {"projections": 0}
+    shared = share_projection_weights() if plan.share_weights else {"projections": 0}
     started = time.perf_counter()
     llms = {
         name: offline_llm(
