@@ -135,6 +135,7 @@ def test_every_model_runs_first_in_turn(benchmarks_on_path):
     assert sorted(firsts) == sorted(names)
 
 
+@pytest.mark.kernels
 def test_the_additions_alternate_by_forward_in_a_real_engine(benchmarks_on_path, tmp_path):
     """bench_additions.py's hooks switch a real engine's every layer between the
     carrier's own forward and one without its additions, forward by forward: the
@@ -160,11 +161,13 @@ def test_the_additions_alternate_by_forward_in_a_real_engine(benchmarks_on_path,
     assert mixed != own
 
 
+@pytest.mark.kernels
 def test_engines_in_one_process_decode_on_one_copy_of_the_weights(benchmarks_on_path, tmp_path):
     """bench_shared_weights.py's process builds the carrier, the exact-GELU Llama of
     the same tensors and the control; the later two take every projection's and
-    the LM head's packed weights from the first, which changes no token: the
-    Llama decodes what an engine of its own decodes, the control what the
+    the LM head's weights as vLLM set them up from the first (packed, or on a CPU
+    without a oneDNN bf16 matmul the weights themselves), which changes no token:
+    the Llama decodes what an engine of its own decodes, the control what the
     carrier decodes. Each engine's steps are timed."""
     from bench_model import CONTROL, GELU_LLAMA
     from bench_shared_weights import MODELS, ProcessPlan, _pair_process

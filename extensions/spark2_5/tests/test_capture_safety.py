@@ -158,6 +158,7 @@ def test_the_gate_in_row_blocks_gives_the_bits_of_one_fp32_pass(
     assert torch.equal(blocked.signbit(), whole.signbit())
 
 
+@pytest.mark.kernels
 def test_the_compiled_gate_is_one_expression_over_any_number_of_tokens(bf16_attention):
     """Under TorchDynamo, with the token count symbolic as vLLM compiles it, the gate
     is not split into blocks (no per-size loop, nothing written back in place)."""
@@ -209,6 +210,7 @@ def test_the_finite_guard_gives_the_same_bits_on_both_of_its_paths(seed, special
     assert torch.equal(eager[finite].view(torch.int16), values[finite].view(torch.int16))
 
 
+@pytest.mark.kernels
 def test_the_compiled_finite_guard_is_the_select_and_keeps_the_bits(loaded):
     """Compiled, the guard is the select Inductor compiles well on CPU, not
     ``nan_to_num``, and Inductor's code gives the eager bits."""

@@ -34,7 +34,7 @@ from spark2_5_dev.host_features import (
 from spark2_5_dev.streamed import StreamedAnswer
 from spark2_5_dev.tool_parsing import Parsed, stream_agrees
 
-pytestmark = pytest.mark.serve
+pytestmark = [pytest.mark.serve, pytest.mark.kernels]
 
 
 @pytest.fixture(scope="module")

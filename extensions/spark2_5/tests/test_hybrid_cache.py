@@ -30,7 +30,7 @@ CHUNKED = [
 # cached tokens under chunked prefill (0.28.0; 0.27.1 and older count fewer).
 COUNTS_CHUNKED_HITS = Version("0.28")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.kernels]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from spark2_5_dev.model_building import (
 
 __all__ = ["vllm_model_env"]  # the fixture, for pytest
 
-pytestmark = pytest.mark.usefixtures("vllm_model_env")
+pytestmark = [pytest.mark.usefixtures("vllm_model_env"), pytest.mark.kernels]
 
 NUM_HEADS, HEAD_DIM = 4, 32
 

@@ -34,6 +34,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 
 
 @pytest.mark.contract
+@pytest.mark.kernels
 @pytest.mark.parametrize("name", FP32_CASES)
 def test_float32_greedy_tokens_and_logprobs_match_the_reference(matrix, name):
     case = matrix[1]["cases"][name]
@@ -41,6 +42,7 @@ def test_float32_greedy_tokens_and_logprobs_match_the_reference(matrix, name):
     assert_matches_reference(case)
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("name", BF16_CASES)
 def test_bfloat16_stays_within_the_stated_tolerance(matrix, name):
     case = matrix[1]["cases"][name]

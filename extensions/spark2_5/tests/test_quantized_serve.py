@@ -11,8 +11,9 @@ import openai
 import pytest
 from transformers import PreTrainedTokenizerFast
 
+from carrier_harness import cpu_classes
 from carrier_harness.server import ServerFailed, VllmServer
-from spark2_5_dev import fixture, quantize
+from spark2_5_dev import fixture, kernel_choices, quantize
 from spark2_5_dev.carrier import clean_env
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
@@ -43,10 +44,11 @@ def server(request, spark_chat_model, tmp_path_factory):
             running.format = request.param
             yield running
     except ServerFailed:
-        # vLLM's kernel library for AVX2 CPUs has no GPTQ kernel: the carrier must
-        # have refused the checkpoint, naming the op and the fix.
+        # vLLM's kernel library for AVX2 CPUs has no GPTQ kernel: where the CPU class
+        # expects it, the carrier must have refused the checkpoint, naming the op and the fix.
         refusal = next((line for line in log.read_text().splitlines() if MISSING_OP in line), "")
-        if request.param != quantize.GPTQ_INT4 or "Serve a bfloat16" not in refusal:
+        expected = kernel_choices.refuses(request.param, cpu_classes.class_in_force().name)
+        if not expected or "Serve a bfloat16" not in refusal:
             raise
         pytest.skip(f"this CPU's vLLM kernels cannot run GPTQ, refused: {refusal[-300:]}")
 

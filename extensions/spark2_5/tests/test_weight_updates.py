@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from packaging.version import Version
 
-from spark2_5_dev import quantize, weight_updates
+from carrier_harness import cpu_classes
+from spark2_5_dev import kernel_choices, quantize, weight_updates
 from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
 from spark2_5_dev.drivers import assert_matches_reference, run_driver
 from spark2_5_dev.parity import ENGINE_ENV, FP32_LOGPROB_TOLERANCE, NEW_TOKENS
@@ -45,6 +46,9 @@ TRANSFER_STEPS = [
 ]
 
 pytestmark = pytest.mark.slow
+# The CPU class this process runs as, and the one the on_avx2 driver runs as.
+IN_FORCE = cpu_classes.class_in_force()
+AVX2 = cpu_classes.CLASSES[0]
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +69,7 @@ def transfer_steps(measured) -> None:
         pytest.skip(f"vLLM {measured[0]['vllm']}: its weight-transfer engines have another API")
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("step", RELOAD_STEPS + TRANSFER_STEPS)
 def test_after_each_update_the_engine_serves_exactly_the_pushed_weights(measured, case, step):
@@ -75,16 +80,19 @@ def test_after_each_update_the_engine_serves_exactly_the_pushed_weights(measured
     assert_matches_reference(measured[0]["cases"][case]["compared"][step])
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("case", CASES)
 def test_the_two_checkpoints_generate_differently(measured, case):
     """Else serving the previous weights would pass the tests above."""
     assert measured[0]["cases"][case]["a_and_b_differ"]
 
 
+@pytest.mark.kernels
 def test_the_tied_head_is_still_the_embedding_after_a_reload(measured):
     assert measured[0]["cases"]["tied-fused"]["b_head_still_tied"] is True
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("case", CASES)
 def test_a_wrong_shape_push_is_refused_by_name(measured, case):
     transfer_steps(measured)
@@ -99,6 +107,7 @@ def test_a_wrong_shape_push_is_refused_by_name(measured, case):
     assert measured[0]["cases"][case]["second_finish_error"] is None
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("case", CASES)
 def test_a_reload_from_a_folder_with_a_wrong_shape_is_refused_by_name(measured, case):
     """Its last tensor by name (the one vLLM reads last) one row short; the engine
@@ -110,6 +119,7 @@ def test_a_reload_from_a_folder_with_a_wrong_shape_is_refused_by_name(measured, 
     ), error
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("case", CASES)
 def test_a_push_outside_an_update_session_is_refused(measured, case):
     transfer_steps(measured)
@@ -121,6 +131,7 @@ def test_a_push_outside_an_update_session_is_refused(measured, case):
     assert "reload_weights" in error and "model.layers.0.mlp.gate_proj.weight" in error
 
 
+@pytest.mark.kernels
 def test_part_of_a_packed_parameter_is_held_back_and_named(measured):
     """The layer keeps its previous weights whole (the step above serves A) and the
     log names what arrived."""
@@ -130,6 +141,7 @@ def test_part_of_a_packed_parameter_is_held_back_and_named(measured):
     assert "model.layers.0.mlp.gate_up_proj (pushed only model.layers.0.mlp.gate_proj" in log
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("case", CASES)
 def test_requests_in_flight_during_a_reload_finish(measured, case):
     load = measured[0]["cases"][case]["under_load"]
@@ -141,6 +153,7 @@ def test_requests_in_flight_during_a_reload_finish(measured, case):
 LORA_STEPS = ["a_with_adapter", "b_with_adapter", "b_base", "a_with_adapter_after_per_tensor"]
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("step", LORA_STEPS)
 def test_a_lora_engine_serves_its_adapter_on_the_updated_base(measured, step):
     """Against the reference on the new base with the adapter merged into it (vLLM
@@ -152,6 +165,7 @@ def test_a_lora_engine_serves_its_adapter_on_the_updated_base(measured, step):
     assert_matches_reference(measured[0]["lora"][step])
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("fmt", quantize.FORMATS)
 def test_a_quantized_checkpoint_reloads_to_what_a_fresh_engine_serves(measured, fmt):
     """Tokens and log-probs identical, in both directions, from a folder and tensor by
@@ -162,7 +176,7 @@ def test_a_quantized_checkpoint_reloads_to_what_a_fresh_engine_serves(measured, 
     for path in quantized["cpu_paths"]:
         result = quantized[f"{fmt}/{path}"]
         if "refused" in result:  # an AVX2 CPU: vLLM has no GPTQ kernel for it
-            assert_refused_for_its_missing_kernel(fmt, result["refused"])
+            assert_refused_for_its_missing_kernel(fmt, result["refused"], IN_FORCE)
             continue
         assert result["a_and_b_differ"], path
         assert result["reloaded_equals_fresh"] == {"a": True, "b": True}, (path, result)
@@ -170,10 +184,11 @@ def test_a_quantized_checkpoint_reloads_to_what_a_fresh_engine_serves(measured, 
             assert result["pushed_equals_fresh"] == {"a": True, "b": True}, (path, result)
 
 
-def assert_refused_for_its_missing_kernel(fmt: str, refusal: str) -> None:
+def assert_refused_for_its_missing_kernel(fmt: str, refusal: str, cpu_class) -> None:
     """vLLM's kernel library for AVX2 CPUs lacks GPTQ's ``cpu_gemm_wna16`` (0.23 to
-    0.33): the model refuses such a checkpoint naming the op and the fix."""
-    assert fmt == quantize.GPTQ_INT4, refusal
+    0.33): the model refuses such a checkpoint naming the op and the fix, and only
+    on a CPU class where that refusal is expected (``kernel_choices.EXPECTED``)."""
+    assert kernel_choices.refuses(fmt, cpu_class.name), (cpu_class.name, refusal)
     assert "torch.ops._C.cpu_gemm_wna16" in refusal
     assert "Serve a bfloat16 or W8A8 int8 checkpoint" in refusal
 
@@ -186,11 +201,14 @@ AVX2_LOGPROBS_CRASH_BEFORE = Version("0.24")
 
 @pytest.fixture(scope="module")
 def on_avx2(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """The quantized reloads again, in a process whose vLLM takes an AVX2 CPU's path."""
+    """The quantized reloads again, in a process that runs as an AVX2 CPU (its vLLM
+    kernels, torch dispatch and oneDNN primitives: ``carrier_harness.cpu_classes``)."""
     workdir = tmp_path_factory.mktemp("weight-updates-avx2")
-    args = ["--quantized-only", "--as-avx2-cpu"]
+    as_avx2 = cpu_classes.subprocess_env(AVX2.name)
     try:
-        return run_driver("spark2_5_dev.weight_updates", args, workdir, timeout=900, name="avx2")
+        return run_driver(
+            "spark2_5_dev.weight_updates", ["--quantized-only"], workdir, 900, "avx2", as_avx2
+        )
     except AssertionError as failed:
         crashed = str(failed).startswith(f"exit code -{signal.SIGSEGV.value}\n")
         if crashed and Version(vllm_version()) < AVX2_LOGPROBS_CRASH_BEFORE:
@@ -198,6 +216,7 @@ def on_avx2(tmp_path_factory: pytest.TempPathFactory) -> dict:
         raise
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("fmt", quantize.FORMATS)
 def test_a_quantized_checkpoint_reloads_the_same_on_vllms_avx2_kernels(on_avx2, fmt):
     """Or, where vLLM's AVX2 kernel library lacks the format's op (GPTQ's
@@ -206,7 +225,7 @@ def test_a_quantized_checkpoint_reloads_the_same_on_vllms_avx2_kernels(on_avx2, 
     assert on_avx2["quantized"]["cpu_paths"] == ["no-amx"]
     result = on_avx2["quantized"][f"{fmt}/no-amx"]
     if "refused" in result:
-        assert_refused_for_its_missing_kernel(fmt, result["refused"])
+        assert_refused_for_its_missing_kernel(fmt, result["refused"], AVX2)
         return
     assert result["a_and_b_differ"]
     assert result["reloaded_equals_fresh"] == {"a": True, "b": True}, result
@@ -214,6 +233,7 @@ def test_a_quantized_checkpoint_reloads_the_same_on_vllms_avx2_kernels(on_avx2, 
         assert result["pushed_equals_fresh"] == {"a": True, "b": True}, result
 
 
+@pytest.mark.kernels
 def test_the_no_amx_path_runs_vllms_onednn_int8_kernel(measured):
     """The path whose reload needs ``host_hooks.keep_onednn_int8_scales`` really ran."""
     kernels = measured[0]["quantized"][f"{quantize.W8A8_INT8}/no-amx"]["kernels"]
