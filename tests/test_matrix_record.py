@@ -4,6 +4,7 @@ those never make the next release's run look dirty or like other code."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 from pathlib import Path
 
@@ -20,17 +21,27 @@ def _git(repo, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
 
 
+def _commit(repo, message: str) -> None:
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message)
+
+
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
-    (tmp_path / "src.py").write_text("x = 1\n")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "model.py").write_text("x = 1\n")
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_model.py").write_text("def test(): pass\n")
     records = tmp_path / "extensions" / "c" / "matrix-records"
     records.mkdir(parents=True)
     (records / "vllm-0.1.0.json").write_text("{}\n")
     (tmp_path / "extensions" / "c" / "docs").mkdir()
     (tmp_path / "extensions" / "c" / "docs" / "support-matrix.md").write_text("table\n")
+    (tmp_path / "manifest.toml").write_text(
+        '[[bundle]]\nhost = { verified_on = ["0.1.0+cpu", "0.2.0+cpu"] }\n'
+    )
     _git(tmp_path, "init", "-q")
-    _git(tmp_path, "add", ".")
-    _git(tmp_path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    _commit(tmp_path, "one")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -39,16 +50,41 @@ def test_records_written_during_a_run_leave_the_commit_clean(repo):
     (repo / "extensions/c/matrix-records/vllm-0.1.0.json").write_text('{"new": 1}\n')
     (repo / "extensions/c/docs/support-matrix.md").write_text("rendered\n")
     assert not matrix_record.commit().endswith("+dirty")
-    (repo / "src.py").write_text("x = 2\n")
+    (repo / "src" / "model.py").write_text("x = 2\n")
     assert matrix_record.commit().endswith("+dirty")
 
 
-def test_commits_that_only_add_records_share_the_code_identity(repo):
+def test_only_a_change_to_what_ships_moves_the_code_identity(repo):
+    """The identity is the ``src/`` tree: records, tests and docs keep it."""
     before = matrix_record.code()
     (repo / "extensions/c/matrix-records/vllm-0.2.0.json").write_text("{}\n")
-    _git(repo, "add", ".")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "records")
+    (repo / "tests" / "test_model.py").write_text("def test(): assert True\n")
+    _commit(repo, "records and tests")
     assert matrix_record.code() == before
-    (repo / "src.py").write_text("x = 3\n")
-    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "code")
+    (repo / "src" / "model.py").write_text("x = 3\n")
+    _commit(repo, "code")
     assert matrix_record.code() != before
+    assert matrix_record.code("HEAD~1") == before
+
+
+def _record(repo, release: str, **fields) -> None:
+    record = {"release": release, "suite": "whole", "exit_code": 0, "code": None, **fields}
+    path = repo / "extensions" / "c" / "matrix-records" / f"vllm-{release}.json"
+    path.write_text(json.dumps(record))
+
+
+def test_a_release_needs_every_verified_host_passed_at_the_code_it_ships(repo):
+    shipped = matrix_record.code()
+    _record(repo, "0.1.0", code=shipped)
+    _record(repo, "0.2.0", code=shipped)
+    assert matrix_record.release_problems(repo) == []
+    _record(repo, "0.2.0", code="0123456789ab")
+    (problem,) = matrix_record.release_problems(repo)
+    assert problem.startswith(f"vLLM 0.2.0 has no passing whole-suite record at code {shipped}")
+    assert "code 0123456789ab" in problem and "run `scripts/run-matrix`" in problem
+    _record(repo, "0.2.0", code=shipped, exit_code=1)
+    assert "exit code 1" in matrix_record.release_problems(repo)[0]
+    _record(repo, "0.2.0", code=shipped, suite="contract")
+    assert "contract suite" in matrix_record.release_problems(repo)[0]
+    (repo / "extensions/c/matrix-records/vllm-0.2.0.json").unlink()
+    assert "(found: None suite" in matrix_record.release_problems(repo)[0]

@@ -234,6 +234,16 @@ def test_the_release_gate_runs_only_for_releases_and_before_the_build():
     assert steps.index(gate) < building
 
 
+def test_a_release_is_built_only_from_code_the_whole_matrix_passed():
+    """The check itself: tests/test_matrix_record.py."""
+    steps = _jobs()["build"]["steps"]
+    gate = _step("build", "matrix-gate")
+    assert gate["if"] == "steps.target.outputs.release == 'true'"
+    assert gate["run"].strip() == "python tools/matrix_record.py --release-check"
+    building = next(i for i, s in enumerate(steps) if "-m build" in s.get("run", ""))
+    assert steps.index(gate) < building
+
+
 def test_the_release_gate_refuses_a_tag_that_is_not_the_version(tmp_path):
     status, output, _, calls = _run_step(
         _step("build", "release-gate"), _gate_env("v9.9.9"), tmp_path, gh_answer="1"

@@ -1,24 +1,28 @@
 """Write the machine-readable record of one ``scripts/run-matrix`` run.
 
     python tools/matrix_record.py JUNIT_XML OUT_JSON key=value ...
+    python tools/matrix_record.py --release-check   # exit 1 naming each missing record
 
 Reads pytest's JUnit XML and writes a JSON record: the keys given (release,
 kernels, suite, torch, python, minutes, exit_code, commit, code, ...), the commit
-and code identity when not given (``commit()``, ``code()``), the date, the machine's CPU,
-the test counts and the id of every test that failed or errored. The support
-matrix is rendered from these records (``spark2_5_dev.support_matrix``).
+and code identity when not given (``commit()``, ``code()``), the date, the machine's
+CPU and the CPU class the run took (``cpu_class``), the test counts and the id of
+every test that failed or errored. The support matrix is rendered from these
+records (``spark2_5_dev.support_matrix``); a release needs one passing whole-suite
+record per verified host at the code it ships (``release_problems``, checked by
+``scripts/check-dist --release``).
 """
 
 from __future__ import annotations
 
 import datetime
-import fnmatch
-import hashlib
 import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+import tomllib
 
 
 def outcomes(junit: Path) -> tuple[dict[str, int], list[str]]:
@@ -56,15 +60,37 @@ def commit() -> str:
     return _git("rev-parse", "--short", "HEAD").strip() + ("+dirty" if dirty.strip() else "")
 
 
-def code() -> str:
-    """An identity of what the suite ran: the committed tree without the records, so
-    runs at commits that differ only in records share it."""
-    kept = [
-        line
-        for line in _git("ls-tree", "-r", "HEAD").splitlines()
-        if not any(fnmatch.fnmatch(line.split("\t", 1)[1], path) for path in RECORD_PATHS)
-    ]
-    return hashlib.sha256("\n".join(kept).encode()).hexdigest()[:12]
+def code(revision: str = "HEAD", root: Path = Path()) -> str:
+    """The identity of the code a run verified: the tree under ``src/`` at ``revision``,
+    which is what the wheel ships. Tests, benchmarks and docs do not move it, so a
+    change to them alone keeps every record's verification."""
+    return _git("-C", str(root), "rev-parse", f"{revision}:src").strip()[:12]
+
+
+def release_problems(root: Path) -> list[str]:
+    """Why the code checked out may not be released yet: every host a bundle of
+    ``manifest.toml`` lists in ``verified_on`` needs a passing whole-suite record
+    (``extensions/*/matrix-records/``) at the code identity being released."""
+    with open(root / "manifest.toml", "rb") as f:
+        hosts = [
+            host for bundle in tomllib.load(f)["bundle"] for host in bundle["host"]["verified_on"]
+        ]
+    shipped = code(root=root)
+    found = {
+        path.name: json.loads(path.read_text())
+        for path in root.glob("extensions/*/matrix-records/vllm-*.json")
+    }
+    problems = []
+    for host in dict.fromkeys(host.split("+")[0] for host in hosts):
+        record = found.get(f"vllm-{host}.json", {})
+        passed = record.get("suite") == "whole" and record.get("exit_code") == 0
+        if not (passed and record.get("code") == shipped):
+            problems.append(
+                f"vLLM {host} has no passing whole-suite record at code {shipped} (found: "
+                f"{record.get('suite')} suite, exit code {record.get('exit_code')}, code "
+                f"{record.get('code')}): run `scripts/run-matrix` here and commit its records"
+            )
+    return problems
 
 
 def cpu_model() -> str:
@@ -74,7 +100,22 @@ def cpu_model() -> str:
     return "unknown"
 
 
+def _cpu_class() -> str:
+    """The CPU class this run took: the one ``scripts/as-cpu-class`` emulated, else the
+    machine's (``carrier_harness.cpu_classes``)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "dev"))
+    from carrier_harness import cpu_classes
+
+    in_force = cpu_classes.class_in_force()
+    return in_force.name if in_force else "below-avx2"
+
+
 def main(argv: list[str]) -> int:
+    if argv == ["--release-check"]:
+        problems = release_problems(Path.cwd())
+        for problem in problems:
+            print(f"matrix_record: {problem}", file=sys.stderr)
+        return 1 if problems else 0
     junit, out, *pairs = argv
     counts, failures = outcomes(Path(junit))
     record = dict(pair.split("=", 1) for pair in pairs)
@@ -85,6 +126,7 @@ def main(argv: list[str]) -> int:
         code=record.get("code") or code(),
         date=datetime.date.today().isoformat(),
         cpu=cpu_model(),
+        cpu_class=record.get("cpu_class") or _cpu_class(),
         counts=counts,
         failures=failures,
     )

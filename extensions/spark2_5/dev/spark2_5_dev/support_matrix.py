@@ -47,7 +47,8 @@ def status(record: dict[str, Any], version_range: str) -> str:
 
 
 def machine(record: dict[str, Any]) -> str:
-    return f"Python {record['python']}, {record['cpu']}"
+    cpu_class = f" as CPU class {record['cpu_class']}" if "cpu_class" in record else ""
+    return f"Python {record['python']}, {record['cpu']}{cpu_class}"
 
 
 def what_ran(record: dict[str, Any], with_machine: bool = True) -> str:
