@@ -9,8 +9,8 @@ and code identity when not given (``commit()``, ``code()``), the date, the machi
 CPU and the CPU class the run took (``cpu_class``), the test counts and the id of
 every test that failed or errored. The support matrix is rendered from these
 records (``spark2_5_dev.support_matrix``); a release needs one passing whole-suite
-record per verified host at the code it ships (``release_problems``, checked by
-``scripts/check-dist --release``).
+record per verified host at the code it ships (``release_problems``: the publish
+workflow's ``--release-check``).
 """
 
 from __future__ import annotations

@@ -11,11 +11,16 @@ process no import that vLLM would not make anyway.
 
 from __future__ import annotations
 
+import importlib
 import logging
-from collections.abc import Callable, Sequence
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from vllm_spark2_5_plugin import OVERRIDE_ENV, compat
+from vllm_hust_bundle_kit import deferred
+from vllm_spark2_5_plugin import OVERRIDE_ENV, compat, host_hooks
 
 ARCHITECTURE = "Spark2_5ForCausalLM"
 MODEL_TYPE = "spark2_5"
@@ -25,6 +30,75 @@ TOOL_PARSER_MODULE = "vllm_spark2_5_plugin.spark2_5_tool_parser"
 TOOL_PARSER_CLASS = "Spark25ToolParser"
 
 logger = logging.getLogger("vllm.spark2_5_plugin")
+
+
+# The module whose import completes each registry the carrier writes to. vLLM's
+# processes import only the registries they use (the tool-parser one in the API
+# server alone); the carrier registers into each when it loads.
+REGISTRY_MODULES = {
+    "config": "vllm.transformers_utils.config",
+    "model": "vllm.model_executor.models.registry",
+    "tool_parser": "vllm.tool_parsers",
+}
+
+
+def registry_loaded(registry: str) -> bool:
+    """Whether this process has imported vLLM's ``registry`` (a ``REGISTRY_MODULES`` key)."""
+    return REGISTRY_MODULES[registry] in sys.modules
+
+
+def when_registry_loads(registry: str, register: Callable[[], None]) -> None:
+    """Run ``register`` right after this process imports vLLM's ``registry``, before
+    anything uses it. ``register`` must not raise: it runs inside that import."""
+    deferred.after_import((REGISTRY_MODULES[registry],), lambda _module: register())
+
+
+def model_registry() -> Any:
+    """vLLM's ``ModelRegistry``, from its own module: ``from vllm import ModelRegistry``
+    fails while that module's package is still being imported."""
+    return importlib.import_module(REGISTRY_MODULES["model"]).ModelRegistry
+
+
+def registered_tool_parsers() -> set[str]:
+    return set(compat.tool_parser_manager().list_registered())
+
+
+def register_tool_parser(name: str, module_path: str, class_name: str) -> None:
+    """Register a parser by import path so its module loads on first use only."""
+    compat.tool_parser_manager().register_lazy_module(name, module_path, class_name)
+
+
+# The environment of Ray actors.
+
+RAY_EXTRA_ENV_VARS = "VLLM_RAY_EXTRA_ENV_VARS_TO_COPY"
+
+
+def copy_to_ray_actors(names: Iterable[str]) -> list[str]:
+    """Have vLLM copy ``names`` from this process into the Ray actors it starts; the
+    names added (none where this vLLM has no such list).
+
+    The V2 Ray executor (the default) copies the whole driver environment, filling
+    in only what a node lacks. The older Ray executor (``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``,
+    0.23 to 0.32) and the data-parallel engine-core actors copy vLLM's own variables, a
+    few prefixes and the names in ``VLLM_RAY_EXTRA_ENV_VARS_TO_COPY`` (0.23 to 0.33
+    alike): the names are appended to that list, after the operator's own. Done
+    when this process imports ``vllm.envs`` (right away where it has), which every
+    process that starts Ray actors does first; the list returned is filled then.
+    """
+    wanted = tuple(dict.fromkeys(names))
+    added: list[str] = []
+
+    def extend(envs: Any) -> None:
+        if RAY_EXTRA_ENV_VARS not in getattr(envs, "environment_variables", {}):
+            return
+        raw = os.environ.get(RAY_EXTRA_ENV_VARS, "")
+        listed = [name.strip() for name in raw.split(",") if name.strip()]
+        added.extend(name for name in wanted if name not in listed)
+        if added:
+            os.environ[RAY_EXTRA_ENV_VARS] = ",".join([*listed, *added])
+
+    deferred.after_import(("vllm.envs",), extend)
+    return added
 
 
 @dataclass
@@ -65,21 +139,21 @@ def _register_config(report: RegistrationReport) -> None:
     from vllm_spark2_5_plugin.spark2_5_checkpoint import refuse_damaged_files
     from vllm_spark2_5_plugin.spark2_5_config import Spark2_5Config
 
-    if report.claim(f"config:{MODEL_TYPE}", MODEL_TYPE in compat.host_config_registry()):
+    if report.claim(f"config:{MODEL_TYPE}", MODEL_TYPE in host_hooks.host_config_registry()):
         Spark2_5Config.folder_checks = (refuse_damaged_files,)
-        compat.register_config(MODEL_TYPE, Spark2_5Config)
+        host_hooks.register_config(MODEL_TYPE, Spark2_5Config)
 
 
 def _register_model(report: RegistrationReport) -> None:
-    registry = compat.model_registry()
+    registry = model_registry()
     if report.claim(f"model:{ARCHITECTURE}", ARCHITECTURE in registry.get_supported_archs()):
         registry.register_model(ARCHITECTURE, MODEL_TARGET)
 
 
 def _register_tool_parser(report: RegistrationReport) -> None:
-    parsers = compat.registered_tool_parsers()
+    parsers = registered_tool_parsers()
     if report.claim(f"tool_parser:{TOOL_PARSER_NAME}", TOOL_PARSER_NAME in parsers):
-        compat.register_tool_parser(TOOL_PARSER_NAME, TOOL_PARSER_MODULE, TOOL_PARSER_CLASS)
+        register_tool_parser(TOOL_PARSER_NAME, TOOL_PARSER_MODULE, TOOL_PARSER_CLASS)
 
 
 REGISTRATIONS: tuple[tuple[str, str, Callable[[RegistrationReport], None]], ...] = (
@@ -125,11 +199,11 @@ def register_enabled(override: bool, settings: Sequence[str] = ()) -> Registrati
     the carrier is enabled, and configured, there too.
     """
     report = RegistrationReport(override)
-    report.copied_to_ray = compat.copy_to_ray_actors(settings)
+    report.copied_to_ray = copy_to_ray_actors(settings)
     for registry, item, register in REGISTRATIONS:
-        if compat.registry_loaded(registry):
+        if registry_loaded(registry):
             register(report)
         else:
-            compat.when_registry_loads(registry, _on_load(register, override))
+            when_registry_loads(registry, _on_load(register, override))
             report.deferred.append(item)
     return report

@@ -1,18 +1,46 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Where the carrier reaches into vLLM's private state: the upgrade risk in one place.
+"""Every reach of the carrier into vLLM's private state: the upgrade risk in one place.
 
-vLLM has no public hook for these; each function names the private attribute or
-class it relies on and what happens where it is missing. Version drift of public
-APIs (modules that moved, keywords that changed) is in :mod:`compat`.
+vLLM has no public hook for any of these. Each names the private attribute or
+class it relies on, what happens where it is missing, and the upstream change
+that would retire it. The model attaches its hooks in one call, :func:`attach`.
+Version drift of public APIs (modules that moved, keywords that changed) is in
+:mod:`compat`.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
-# --- in-place weight updates ---------------------------------------------------
+# --- the config table -------------------------------------------------------------
+# Retire when vLLM has a public call to register a config class for a model_type.
+
+
+def host_config_registry() -> dict[str, Any]:
+    """vLLM's ``model_type -> config class`` table (``_CONFIG_REGISTRY``), consulted
+    before remote code."""
+    return importlib.import_module("vllm.transformers_utils.config")._CONFIG_REGISTRY
+
+
+def register_config(model_type: str, config_cls: type) -> None:
+    """Make ``model_type`` resolve to ``config_cls`` in vLLM and in transformers.
+
+    An entry in vLLM's table also makes vLLM load the config without running
+    the checkpoint's remote code, even when ``--trust-remote-code`` is given.
+    """
+    from transformers import AutoConfig
+
+    host_config_registry()[model_type] = config_cls
+    AutoConfig.register(model_type, config_cls, exist_ok=True)
+
+
+# --- in-place weight updates --------------------------------------------------------
+# Retire when vLLM tells a model that a layerwise reload starts and finishes (0.34's
+# ``finalize_model_weights`` covers the finish only).
 
 # vLLM's ``initialize_layerwise_reload`` and ``finalize_layerwise_reload`` each set
 # this attribute of the model first thing (to park torchao's own reload while
@@ -39,11 +67,15 @@ def finalize_layerwise_reload(model: Any, model_config: Any) -> None:
 def in_layerwise_reload(model: Any) -> bool:
     """Whether ``model`` is inside vLLM's layerwise reload: after
     ``initialize_layerwise_reload(model)``, until ``finalize_layerwise_reload`` resets
-    the model's own entry."""
+    the model's own entry (``LAYERWISE_INFO``)."""
     module = _layerwise_reload_module()
     info = None if module is None else getattr(module, "LAYERWISE_INFO", {}).get(model)
     return info is not None and info.can_load()
 
+
+# --- quantized layers on CPU ----------------------------------------------------------
+# Retire each when vLLM's CPU kernels do it themselves: build cpu_gemm_wna16 for AVX2
+# (or refuse GPTQ there), and keep the oneDNN int8 handler's inputs across a reload.
 
 # vLLM CPU kernel class -> the op of vLLM's CPU kernel library it computes with.
 CPU_KERNEL_OPS = {"CPUWNA16LinearKernel": "cpu_gemm_wna16"}
@@ -118,7 +150,8 @@ def keep_onednn_int8_scales(model: Any) -> None:
         kernel.process_weights_for_onednn = build_and_keep
 
 
-# --- LoRA -----------------------------------------------------------------------
+# --- LoRA -----------------------------------------------------------------------------
+# Retire when vLLM lets a model check an adapter before it loads it.
 
 
 def check_lora_adapters(manager: Any, check: Callable[[Any], None]) -> bool:
@@ -126,9 +159,9 @@ def check_lora_adapters(manager: Any, check: Callable[[Any], None]) -> bool:
     before it packs the adapter's weights or gives it a slot; what ``check`` raises
     refuses the adapter, and vLLM reports it to whoever asked to load it.
 
-    vLLM has no hook for a model to check an adapter. Every release of the verified
-    range adds adapters through ``LoRAModelManager._add_adapter``; where that is
-    missing this returns False and adapters load unchecked.
+    Every release of the verified range adds adapters through
+    ``LoRAModelManager._add_adapter``; where that is missing this returns False and
+    adapters load unchecked.
     """
     add_adapter = getattr(manager, "_add_adapter", None)
     if add_adapter is None:
@@ -140,3 +173,57 @@ def check_lora_adapters(manager: Any, check: Callable[[Any], None]) -> bool:
 
     manager._add_adapter = checked_add_adapter
     return True
+
+
+# --- attaching them to a model ----------------------------------------------------------
+
+NO_ADAPTER_CHECKS = (
+    "This vLLM's LoRA manager has no _add_adapter: Spark2_5 cannot check LoRA adapters "
+    "against the model, and serves mis-shaped ones unchecked"
+)
+
+
+@dataclass(frozen=True)
+class ModelHooks:
+    """What one model does when vLLM touches it: ``reload_step(inside)`` when a layerwise
+    reload starts (False) or finishes (True); ``check_adapter(lora_model)`` before an
+    adapter loads."""
+
+    reload_step: Callable[[bool], None]
+    check_adapter: Callable[[Any], None]
+
+
+_HOOKS = "_spark2_5_host_hooks"
+
+
+def attach(model: Any, hooks: ModelHooks) -> None:
+    """Everything above, for ``model``: its quantized CPU layers checked and kept whole,
+    and ``hooks`` called when vLLM reloads it or gives it a LoRA manager."""
+    refuse_missing_cpu_kernel_ops(model)
+    keep_onednn_int8_scales(model)
+    model.__dict__[_HOOKS] = hooks
+    model_cls = type(model)
+    if not isinstance(model_cls.__dict__.get(LAYERWISE_RELOAD_ATTRIBUTE), property):
+        setattr(model_cls, LAYERWISE_RELOAD_ATTRIBUTE, property(_reload_get, _reload_set))
+        model_cls.lora_manager = property(_lora_manager_get, _lora_manager_set)
+
+
+def _reload_get(model: Any) -> Any:
+    return model.__dict__.get(f"_spark2_5{LAYERWISE_RELOAD_ATTRIBUTE}", False)
+
+
+def _reload_set(model: Any, value: Any) -> None:
+    model.__dict__[f"_spark2_5{LAYERWISE_RELOAD_ATTRIBUTE}"] = value
+    model.__dict__[_HOOKS].reload_step(in_layerwise_reload(model))
+
+
+def _lora_manager_get(model: Any) -> Any:
+    return model.__dict__.get("_lora_manager")
+
+
+def _lora_manager_set(model: Any, manager: Any) -> None:
+    # vLLM's LoRA manager announces itself here when it wraps the model
+    # (``self.model.lora_manager = self``); from then on it checks each adapter.
+    model.__dict__["_lora_manager"] = manager
+    if not check_lora_adapters(manager, model.__dict__[_HOOKS].check_adapter):
+        logging.getLogger("vllm.spark2_5_plugin").warning(NO_ADAPTER_CHECKS)

@@ -11,13 +11,11 @@ checkpoint's separate ``gate_proj``/``up_proj`` (and re-exported separate
 ``q_proj``/``k_proj``/``v_proj``) load into shards of the packed projections.
 """
 
-import logging
 from collections.abc import Iterable
 from itertools import islice
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import CacheConfig, VllmConfig
@@ -52,30 +50,23 @@ from vllm.model_executor.models.utils import (
 )
 from vllm.sequence import IntermediateTensors
 
-from vllm_spark2_5_plugin import compat, host_hooks
+from vllm_spark2_5_plugin import compat, cpu_platform, host_hooks
 from vllm_spark2_5_plugin.settings import check_finite_requested
-from vllm_spark2_5_plugin.spark2_5_checkpoint import TensorChecks, checkpoint_folder
+from vllm_spark2_5_plugin.spark2_5_checkpoint import TensorChecks
 from vllm_spark2_5_plugin.spark2_5_config import SLIDING_ATTENTION, Spark2_5Config
-from vllm_spark2_5_plugin.spark2_5_loading import WeightIntake, watch_update_sessions
+from vllm_spark2_5_plugin.spark2_5_engine_checks import (
+    eagle3_layers,
+    heads_per_rank,
+    refuse_draft_model_over_sliding_layers,
+)
+from vllm_spark2_5_plugin.spark2_5_loading import CheckpointLoader
 from vllm_spark2_5_plugin.spark2_5_lora import AdapterChecks
 from vllm_spark2_5_plugin.spark2_5_names import PACKED_MODULES, STACKED_PARAMS
+from vllm_spark2_5_plugin.spark2_5_ops import Spark2_5HeadGate, finite
+from vllm_spark2_5_plugin.spark2_5_updates import WeightUpdates
 
 Attention = compat.attention_cls()
 LocalArgmaxMixin = compat.local_argmax_mixin()
-logger = logging.getLogger("vllm.spark2_5_plugin")
-
-_GATE_ACTIVATIONS = {"sigmoid": torch.sigmoid, "silu": F.silu}
-# Token rows per block of eager CPU gate math: 2 MiB of fp32 at the 4B's 16 heads of 256.
-GATE_BLOCK_ROWS = 128
-
-
-def _finite(x: torch.Tensor) -> torch.Tensor:
-    """``x`` with NaN and infinities as 0, the same bits either way: eager, one
-    ``nan_to_num`` kernel; compiled, the select that Inductor turns into faster CPU
-    code than it makes of ``nan_to_num``."""
-    if torch.compiler.is_compiling():
-        return torch.where(torch.isfinite(x), x, 0.0)
-    return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
 
 
 class Spark2_5MLP(nn.Module):
@@ -122,57 +113,32 @@ class Spark2_5Attention(nn.Module):
     ) -> None:
         super().__init__()
         tp_size = get_tensor_model_parallel_world_size()
-        self.total_num_heads = config.num_attention_heads
-        self.total_num_kv_heads = config.num_key_value_heads
-        if self.total_num_heads % tp_size:
-            raise ValueError(
-                f"num_attention_heads={self.total_num_heads} cannot be split across "
-                f"tensor_parallel_size={tp_size}; use a tensor parallel size that divides it"
-            )
-        # KV heads are partitioned when there are enough of them, else replicated.
-        kv_divides = (
-            self.total_num_kv_heads % tp_size == 0
-            if self.total_num_kv_heads >= tp_size
-            else tp_size % self.total_num_kv_heads == 0
-        )
-        if not kv_divides:
-            raise ValueError(
-                f"num_key_value_heads={self.total_num_kv_heads} cannot be partitioned or "
-                f"replicated across tensor_parallel_size={tp_size}; one of the two must "
-                "divide the other"
-            )
-        self.num_heads = self.total_num_heads // tp_size
-        self.num_kv_heads = max(1, self.total_num_kv_heads // tp_size)
+        self.num_heads, self.num_kv_heads = heads_per_rank(config, tp_size)
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-
+        total_heads = config.num_attention_heads
         self.q_k_v_proj = QKVParallelLinear(
             config.hidden_size,
             self.head_dim,
-            self.total_num_heads,
-            self.total_num_kv_heads,
+            total_heads,
+            config.num_key_value_heads,
             bias=False,
             quant_config=quant_config,
             prefix=f"{prefix}.q_k_v_proj",
         )
-        # One gate per head, sharded like the query heads. Left unquantised: it
-        # is tiny and its output feeds fp32 gate math.
-        self.g_proj = (
-            ColumnParallelLinear(
-                config.hidden_size,
-                self.total_num_heads,
-                bias=False,
-                quant_config=None,
-                prefix=f"{prefix}.g_proj",
+        self.g_proj = None
+        if config.headwise_attn_output_gate:
+            # One gate per head, sharded like the query heads. Left unquantised: it
+            # is tiny and its output feeds fp32 gate math.
+            self.g_proj = ColumnParallelLinear(
+                config.hidden_size, total_heads, bias=False, prefix=f"{prefix}.g_proj"
             )
-            if config.headwise_attn_output_gate
-            else None
-        )
-        self.gate_act = _GATE_ACTIVATIONS[config.gate_attn_act_mode]
-        self.gate_block_rows = GATE_BLOCK_ROWS if compat.gate_math_in_row_blocks() else None
+            self.head_gate = Spark2_5HeadGate(
+                self.num_heads, self.head_dim, config.gate_attn_act_mode
+            )
         self.out_proj = RowParallelLinear(
-            self.total_num_heads * self.head_dim,
+            total_heads * self.head_dim,
             config.hidden_size,
             bias=False,
             quant_config=quant_config,
@@ -182,6 +148,7 @@ class Spark2_5Attention(nn.Module):
         self.rotary_emb = compat.get_rope(
             self.head_dim, max_position=max_position, **config.rope_parameters_for(layer_type)
         )
+        sliding = config.sliding_window if layer_type == SLIDING_ATTENTION else None
         self.attn = Attention(
             self.num_heads,
             self.head_dim,
@@ -189,21 +156,19 @@ class Spark2_5Attention(nn.Module):
             num_kv_heads=self.num_kv_heads,
             cache_config=cache_config,
             quant_config=quant_config,
-            per_layer_sliding_window=(
-                config.sliding_window if layer_type == SLIDING_ATTENTION else None
-            ),
+            per_layer_sliding_window=sliding,
             prefix=f"{prefix}.attn",
         )
         # Only finite keys and values may enter the KV cache where the attention
-        # reads stale slots of reused blocks (compat says where and why).
-        self.finite_kv_only = compat.attention_reads_stale_kv_slots()
+        # reads stale slots of reused blocks (cpu_platform says where and why).
+        self.finite_kv_only = cpu_platform.attention_reads_stale_kv_slots()
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         qkv, _ = self.q_k_v_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
         if self.finite_kv_only:
-            k, v = _finite(k), _finite(v)
+            k, v = finite(k), finite(v)
         attn_output = self.attn(q, k, v)
         if self.g_proj is not None:
             attn_output = self.gate_heads(attn_output, hidden_states)
@@ -211,19 +176,9 @@ class Spark2_5Attention(nn.Module):
         return output
 
     def gate_heads(self, attn_output: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Each head's output times ``act(g_proj(hidden_states))`` for that head, in
-        fp32 as in the reference, rounded once to the output's dtype."""
-        gate, _ = self.g_proj(hidden_states)
-        gate = self.gate_act(gate.float()).unsqueeze(-1)
-        heads = attn_output.view(-1, self.num_heads, self.head_dim)
-        if self.gate_block_rows is None or torch.compiler.is_compiling():
-            # One fp32 copy scaled in place; compiled, Inductor fuses it into one loop.
-            return heads.float().mul_(gate).view_as(attn_output).to(attn_output.dtype)
-        # Eager on CPU: a block's fp32 copy at a time, written back into the output.
-        rows = self.gate_block_rows
-        for block, block_gate in zip(heads.split(rows), gate.split(rows), strict=True):
-            block.copy_(block.float().mul_(block_gate))
-        return attn_output
+        """Each head's output times ``act(g_proj(hidden_states))`` for that head."""
+        gate_logits, _ = self.g_proj(hidden_states)
+        return self.head_gate(attn_output, gate_logits)
 
 
 def _rope_positions(vllm_config: VllmConfig) -> int:
@@ -347,21 +302,6 @@ class Spark2_5Model(nn.Module):
         return hidden_states
 
 
-def _refuse_draft_model_over_sliding_layers(speculative_config: Any) -> None:
-    # A separate draft model over a target with sliding-window layers gives tokens the
-    # target alone does not (measured on vLLM 0.32 CPU; vLLM refuses in-tree Gemma2's).
-    if getattr(speculative_config, "method", None) != "draft_model":
-        return
-    target = getattr(speculative_config.target_model_config, "hf_config", None)
-    if SLIDING_ATTENTION in getattr(target, "layer_types", ()):
-        raise ValueError(
-            'speculative_config method "draft_model" is not supported over Spark2_5 '
-            "models with sliding-window layers: vLLM's separate draft model changes "
-            'their greedy output. Use "eagle3", "eagle" or "ngram" instead'
-        )
-
-
-@watch_update_sessions
 class Spark2_5ForCausalLM(
     LocalArgmaxMixin,
     nn.Module,
@@ -386,7 +326,7 @@ class Spark2_5ForCausalLM(
         config = vllm_config.model_config.hf_config
         self.config = config
         self.quant_config = vllm_config.quant_config
-        _refuse_draft_model_over_sliding_layers(vllm_config.speculative_config)
+        refuse_draft_model_over_sliding_layers(vllm_config.speculative_config)
         self.model = Spark2_5Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         if get_pp_group().is_last_rank:
             self.lm_head = ParallelLMHead(
@@ -401,59 +341,29 @@ class Spark2_5ForCausalLM(
         else:
             self.lm_head = PPMissingLayer()
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
-        host_hooks.refuse_missing_cpu_kernel_ops(self)
-        model_config, load_config = vllm_config.model_config, vllm_config.load_config
-        # Where vLLM reads the weights from, to name a damaged file should reading
-        # fail; looked up then, as reload_weights(weights_path=...) repoints it.
-        self.checkpoint_folder = lambda: checkpoint_folder(
-            model_config.model, model_config.revision, load_config.download_dir
+        checks = TensorChecks(
+            config, quantized=self.quant_config is not None, check_finite=check_finite_requested()
         )
-        self.weight_intake = WeightIntake(
-            self,
-            TensorChecks(
-                config,
-                quantized=vllm_config.quant_config is not None,
-                check_finite=check_finite_requested(),
-            ),
-            folder=self.checkpoint_folder,
-            model_config=model_config,
-            computes_with_copies=compat.linears_compute_with_copies(),
+        self.checkpoint = CheckpointLoader(
+            self, checks, vllm_config.model_config, vllm_config.load_config
         )
-
-    @property
-    def lora_manager(self) -> Any:
-        return self.__dict__.get("_lora_manager")
-
-    @lora_manager.setter
-    def lora_manager(self, manager: Any) -> None:
-        # vLLM's LoRA manager announces itself here when it wraps this model; from
-        # then on it refuses adapters that do not fit this model's shapes.
-        self.__dict__["_lora_manager"] = manager
-        if not host_hooks.check_lora_adapters(manager, AdapterChecks(self.config).check):
-            logger.warning(
-                "This vLLM's LoRA manager has no _add_adapter: Spark2_5 cannot check LoRA "
-                "adapters against the model, and serves mis-shaped ones unchecked"
-            )
+        self.weight_updates = WeightUpdates(
+            self.checkpoint, computes_with_copies=cpu_platform.linears_compute_with_copies()
+        )
+        hooks = host_hooks.ModelHooks(
+            reload_step=self.weight_updates.layerwise_reload_step,
+            check_adapter=AdapterChecks(config).check,
+        )
+        host_hooks.attach(self, hooks)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
 
     def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
         """The layers whose input (hidden states plus residual) an EAGLE-3 head reads."""
-        layers = tuple(sorted(set(layers)))
-        count = self.config.num_hidden_layers
-        if any(not 0 <= layer < count for layer in layers):
-            raise ValueError(
-                f"EAGLE-3 asked Spark2_5 for the hidden states of layers {list(layers)}, but "
-                f"it has layers 0 to {count - 1}: set eagle_aux_hidden_state_layer_ids in "
-                "the draft head's config to layers of this model"
-            )
-        if get_pp_group().world_size > 1:
-            raise ValueError(
-                "EAGLE-3 on Spark2_5 needs --pipeline-parallel-size 1: the draft head's "
-                "hidden states are not passed between pipeline stages"
-            )
-        self.model.aux_hidden_state_layers = layers
+        self.model.aux_hidden_state_layers = eagle3_layers(
+            layers, self.config.num_hidden_layers, get_pp_group().world_size
+        )
 
     def get_eagle3_default_aux_hidden_state_layers(self) -> tuple[int, ...]:
         # vLLM's default for decoder-only models: an early, a middle and a late layer.
@@ -473,6 +383,7 @@ class Spark2_5ForCausalLM(
         return self.logits_processor(self.lm_head, hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        # The first call loads the checkpoint; later ones update it in place
-        # (spark2_5_loading says how).
-        return self.weight_intake.take(weights)
+        # The first call loads the checkpoint; later ones update it in place.
+        if self.checkpoint.loaded_from is None:
+            return self.checkpoint.load_first(weights)
+        return self.weight_updates.take(weights)

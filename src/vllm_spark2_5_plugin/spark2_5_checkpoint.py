@@ -37,7 +37,12 @@ from typing import Any, TypeVar
 import torch
 
 from vllm_spark2_5_plugin.spark2_5_config import Spark2_5Config
-from vllm_spark2_5_plugin.spark2_5_names import ALWAYS_UNQUANTIZED, CHECKPOINT_SHAPES, layer_generic
+from vllm_spark2_5_plugin.spark2_5_names import (
+    ALWAYS_UNQUANTIZED,
+    CHECKPOINT_SHAPES,
+    G_PROJ,
+    layer_generic,
+)
 
 T = TypeVar("T")
 _CONFIG_KEY = re.compile(r"[a-z_]+")
@@ -48,24 +53,6 @@ class Spark2_5CheckpointError(ValueError):
     message names the tensor or file."""
 
 
-def _shape_values(config: Spark2_5Config) -> dict[str, int]:
-    """The value of every expression ``CHECKPOINT_SHAPES`` uses."""
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim, intermediate = config.head_dim, config.intermediate_size
-    return {
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.hidden_size,
-        "intermediate_size": intermediate,
-        "2 * intermediate_size": 2 * intermediate,
-        "num_attention_heads": heads,
-        "num_attention_heads * head_dim": heads * head_dim,
-        "num_key_value_heads * head_dim": kv_heads * head_dim,
-        "(num_attention_heads + 2 * num_key_value_heads) * head_dim": (
-            (heads + 2 * kv_heads) * head_dim
-        ),
-    }
-
-
 class TensorChecks:
     """Shape, dtype and (when ``check_finite``) value checks of checkpoint tensors
     against one config."""
@@ -74,7 +61,6 @@ class TensorChecks:
         self.config = config
         self.quantized = quantized
         self.check_finite = check_finite
-        self.values = _shape_values(config)
 
     def _applies(self, shape_key: str) -> bool:
         return not self.quantized or shape_key in ALWAYS_UNQUANTIZED
@@ -85,7 +71,7 @@ class TensorChecks:
         shape_key = layer_generic(name)
         if not self._applies(shape_key):
             return
-        if not tensor.is_floating_point() and self.quantized and ".g_proj." in name:
+        if not tensor.is_floating_point() and self.quantized and G_PROJ in name:
             raise quantized_g_proj_error(name)
         if not tensor.is_floating_point():
             raise Spark2_5CheckpointError(
@@ -94,17 +80,18 @@ class TensorChecks:
                 "values silently. Re-export the checkpoint, or, if it is quantized, say so in "
                 "config.json's quantization_config"
             )
-        expressions = CHECKPOINT_SHAPES.get(shape_key)
-        if expressions is None:
+        dims = CHECKPOINT_SHAPES.get(shape_key)
+        if dims is None:
             return  # not a Spark2_5 tensor: the loader refuses it by name
-        expected = [self.values[expression] for expression in expressions]
+        expected = [dim.size(self.config) for dim in dims]
         if list(tensor.shape) != expected:
-            keys = sorted({k for e in expressions for k in _CONFIG_KEY.findall(e)})
+            keys = sorted({key for dim in dims for key in _CONFIG_KEY.findall(dim.formula)})
             settings = ", ".join(f"{key}={getattr(self.config, key)}" for key in keys)
             raise Spark2_5CheckpointError(
                 f"Checkpoint tensor {name!r} has shape {list(tensor.shape)}, but config.json "
-                f"implies {expected} = [{', '.join(expressions)}] with {settings}. The "
-                "checkpoint does not match its config.json: fix whichever of the two is wrong"
+                f"implies {expected} = [{', '.join(dim.formula for dim in dims)}] with "
+                f"{settings}. The checkpoint does not match its config.json: fix whichever "
+                "of the two is wrong"
             )
 
     def check_values(self, name: str, tensor: torch.Tensor) -> None:

@@ -21,20 +21,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vllm_spark2_5_plugin.spark2_5_checkpoint import (
-    TensorChecks,
-    has_non_finite,
-    non_finite_counts,
+from vllm_spark2_5_plugin.spark2_5_checkpoint import has_non_finite, non_finite_counts
+from vllm_spark2_5_plugin.spark2_5_names import (
+    CHECKPOINT_SHAPES,
+    EMBEDDING,
+    EMBEDDING_MODULE,
+    LAYER_PREFIX,
+    LM_HEAD,
+    module_of,
 )
-from vllm_spark2_5_plugin.spark2_5_names import CHECKPOINT_SHAPES, LAYER_PREFIX
 
 if TYPE_CHECKING:
     from vllm_spark2_5_plugin.spark2_5_config import Spark2_5Config
 
 PEFT_PREFIX = "base_model.model."
 # vLLM module name -> the weight whose (out, in) shape the adapter's pair spans.
-_WHOLE_MODEL_WEIGHTS = {"model.embedding": "model.embedding.weight", "lm_head": "lm_head.weight"}
-_EMBEDDING = "model.embedding"
+_WHOLE_MODEL_WEIGHTS = {module_of(weight): weight for weight in (EMBEDDING, LM_HEAD)}
 
 
 class Spark2_5LoRAError(ValueError):
@@ -47,7 +49,6 @@ class AdapterChecks:
 
     def __init__(self, config: Spark2_5Config) -> None:
         self.config = config
-        self.values = TensorChecks(config, quantized=False, check_finite=False).values
 
     def check(self, lora_model: Any) -> None:
         """Raise :class:`Spark2_5LoRAError` for the first module of ``lora_model`` (vLLM's
@@ -76,14 +77,13 @@ class AdapterChecks:
                     "adapter was trained for another model"
                 )
             weight = "layers." + module[match.end() :] + ".weight"
-        expressions = CHECKPOINT_SHAPES.get(weight)
-        if expressions is None:
+        dims = CHECKPOINT_SHAPES.get(weight)
+        if dims is None:
             raise Spark2_5LoRAError(f"LoRA adapter module {module!r} is not a module of Spark2_5")
-        out_features, in_features = (self.values[e] for e in expressions)
-        if module == _EMBEDDING:  # PEFT's lora_embedding_A is [r, vocab], B [hidden, r]
-            out_features, in_features = in_features, out_features
-            expressions = expressions[::-1]
-        return [out_features, in_features], ", ".join(expressions)
+        if module == EMBEDDING_MODULE:  # PEFT's lora_embedding_A is [r, vocab], B [hidden, r]
+            dims = dims[::-1]
+        out_features, in_features = (dim.size(self.config) for dim in dims)
+        return [out_features, in_features], ", ".join(dim.formula for dim in dims)
 
     def _check_shapes(self, module: str, weights: Any) -> None:
         (out_features, in_features), implied = self._module_shape(module)
@@ -113,6 +113,6 @@ class AdapterChecks:
 
 def _tensor_name(module: str, side: str) -> str:
     """The PEFT name of ``module``'s ``lora_A``/``lora_B`` (``side`` "A" or "B")."""
-    if module == _EMBEDDING:
+    if module == EMBEDDING_MODULE:
         return f"{PEFT_PREFIX}{module}.lora_embedding_{side}"
     return f"{PEFT_PREFIX}{module}.lora_{side}.weight"

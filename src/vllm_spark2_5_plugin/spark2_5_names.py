@@ -1,45 +1,71 @@
 # SPDX-License-Identifier: Apache-2.0
 """The Spark2_5 checkpoint's naming facts, read by loading, the checkpoint checks and
-the LoRA checks: tensor names and shapes, the packed parameters and their parts,
-what stays unquantised, the decoder-layer pattern."""
+the LoRA checks: tensor names and the shapes the config gives them, the packed
+parameters and their parts, what stays unquantised, the decoder-layer pattern."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
-EMBEDDING = "model.embedding.weight"
+EMBEDDING_MODULE = "model.embedding"
+EMBEDDING = f"{EMBEDDING_MODULE}.weight"
+LM_HEAD = "lm_head.weight"
+# The head-wise output gate's projection: float in every checkpoint, quantized or not.
+G_PROJ = ".g_proj."
 # vLLM's LoRA layers wrap the layer they adapt; its parameters keep their names under it.
 LORA_WRAPPED = ".base_layer."
 # A decoder layer's names start so; group 1 is the layer index.
 LAYER_PREFIX = re.compile(r"^model\.layers\.(\d+)\.")
 
-# Checkpoint name (decoder layers as "layers.") -> its shape, as expressions of the config.
-CHECKPOINT_SHAPES: dict[str, tuple[str, ...]] = {
-    "model.embedding.weight": ("vocab_size", "hidden_size"),
-    "lm_head.weight": ("vocab_size", "hidden_size"),
-    "model.norm.weight": ("hidden_size",),
-    "layers.input_layernorm.weight": ("hidden_size",),
-    "layers.post_attention_layernorm.weight": ("hidden_size",),
-    "layers.self_attn.q_k_v_proj.weight": (
-        "(num_attention_heads + 2 * num_key_value_heads) * head_dim",
-        "hidden_size",
-    ),
-    "layers.self_attn.q_proj.weight": ("num_attention_heads * head_dim", "hidden_size"),
-    "layers.self_attn.k_proj.weight": ("num_key_value_heads * head_dim", "hidden_size"),
-    "layers.self_attn.v_proj.weight": ("num_key_value_heads * head_dim", "hidden_size"),
-    "layers.self_attn.g_proj.weight": ("num_attention_heads", "hidden_size"),
-    "layers.self_attn.out_proj.weight": ("hidden_size", "num_attention_heads * head_dim"),
-    "layers.mlp.gate_proj.weight": ("intermediate_size", "hidden_size"),
-    "layers.mlp.up_proj.weight": ("intermediate_size", "hidden_size"),
-    "layers.mlp.gate_up_proj.weight": ("2 * intermediate_size", "hidden_size"),
-    "layers.mlp.down_proj.weight": ("hidden_size", "intermediate_size"),
+
+@dataclass(frozen=True)
+class Dim:
+    """One dimension of a checkpoint tensor: as config.json states it (for errors) and
+    its size under a config."""
+
+    formula: str
+    size: Callable[[Any], int]
+
+
+VOCAB = Dim("vocab_size", lambda c: c.vocab_size)
+HIDDEN = Dim("hidden_size", lambda c: c.hidden_size)
+INTERMEDIATE = Dim("intermediate_size", lambda c: c.intermediate_size)
+GATE_UP = Dim("2 * intermediate_size", lambda c: 2 * c.intermediate_size)
+HEADS = Dim("num_attention_heads", lambda c: c.num_attention_heads)
+Q = Dim("num_attention_heads * head_dim", lambda c: c.num_attention_heads * c.head_dim)
+KV = Dim("num_key_value_heads * head_dim", lambda c: c.num_key_value_heads * c.head_dim)
+QKV = Dim(
+    "(num_attention_heads + 2 * num_key_value_heads) * head_dim",
+    lambda c: (c.num_attention_heads + 2 * c.num_key_value_heads) * c.head_dim,
+)
+
+# Checkpoint name (decoder layers as "layers.") -> its shape.
+CHECKPOINT_SHAPES: dict[str, tuple[Dim, ...]] = {
+    EMBEDDING: (VOCAB, HIDDEN),
+    LM_HEAD: (VOCAB, HIDDEN),
+    "model.norm.weight": (HIDDEN,),
+    "layers.input_layernorm.weight": (HIDDEN,),
+    "layers.post_attention_layernorm.weight": (HIDDEN,),
+    "layers.self_attn.q_k_v_proj.weight": (QKV, HIDDEN),
+    "layers.self_attn.q_proj.weight": (Q, HIDDEN),
+    "layers.self_attn.k_proj.weight": (KV, HIDDEN),
+    "layers.self_attn.v_proj.weight": (KV, HIDDEN),
+    f"layers.self_attn{G_PROJ}weight": (HEADS, HIDDEN),
+    "layers.self_attn.out_proj.weight": (HIDDEN, Q),
+    "layers.mlp.gate_proj.weight": (INTERMEDIATE, HIDDEN),
+    "layers.mlp.up_proj.weight": (INTERMEDIATE, HIDDEN),
+    "layers.mlp.gate_up_proj.weight": (GATE_UP, HIDDEN),
+    "layers.mlp.down_proj.weight": (HIDDEN, INTERMEDIATE),
 }
 # Layers built without the quantization config, so plain floating tensors in any checkpoint.
 ALWAYS_UNQUANTIZED = (
     "model.norm.weight",
     "layers.input_layernorm.weight",
     "layers.post_attention_layernorm.weight",
-    "layers.self_attn.g_proj.weight",
+    f"layers.self_attn{G_PROJ}weight",
 )
 
 # Checkpoint name part -> (packed parameter name part, shard id). Dotted on both
@@ -80,3 +106,8 @@ def checkpoint_parts(target: str) -> dict[str | int, str]:
         for part, (packed_part, shard_id) in STACKED_PARAMS.items()
         if packed_part in target
     }
+
+
+def module_of(param: str) -> str:
+    """The module a parameter (or checkpoint tensor) name belongs to."""
+    return param.rpartition(".")[0]

@@ -50,7 +50,7 @@ def _op_calls(model: Any, rows: int) -> dict[str, Any]:
     """Zero-argument callables running each op of layer 0 on ``rows`` token rows."""
     import torch
 
-    from vllm_spark2_5_plugin.spark2_5 import _finite
+    from vllm_spark2_5_plugin.spark2_5_ops import finite
 
     layer = model.model.layers[0]
     attn, mlp = layer.self_attn, layer.mlp
@@ -66,7 +66,7 @@ def _op_calls(model: Any, rows: int) -> dict[str, Any]:
         "down_proj": lambda: mlp.down_proj(activated),
         "g_proj": lambda: attn.g_proj(hidden),
         "gate_heads (g_proj + gate math)": lambda: attn.gate_heads(heads_out, hidden),
-        "finite keys/values guard": lambda: (_finite(keys), _finite(keys)),
+        "finite keys/values guard": lambda: (finite(keys), finite(keys)),
     }
 
 

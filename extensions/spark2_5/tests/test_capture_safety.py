@@ -110,8 +110,8 @@ def test_a_host_sync_in_forward_would_be_found(loaded, monkeypatch, sync):
     """The check is not blind: a host read in the gate is reported."""
     model, vllm_config = loaded
     attention = model.model.layers[0].self_attn
-    gate_act = attention.gate_act
-    monkeypatch.setattr(attention, "gate_act", lambda x: gate_act(x) * sync(x))
+    gate_act = attention.head_gate.act
+    monkeypatch.setattr(attention.head_gate, "act", lambda x: gate_act(x) * sync(x))
     hidden = torch.randn(TOKENS, model.config.hidden_size)
     explained = explain(vllm_config, model.model.layers[0], torch.arange(TOKENS), hidden, None)
     assert capture_problems(explained)
@@ -137,7 +137,7 @@ def test_the_gate_in_row_blocks_gives_the_bits_of_one_fp32_pass(
     (NaN, infinities and signed zeros too) is that of one fp32 pass over all rows."""
     from vllm.config import set_current_vllm_config
 
-    from vllm_spark2_5_plugin.spark2_5 import GATE_BLOCK_ROWS
+    from vllm_spark2_5_plugin.spark2_5_ops import GATE_BLOCK_ROWS
 
     attention, vllm_config = bf16_attention
     rows = max(1, int(blocks * GATE_BLOCK_ROWS))
@@ -145,14 +145,14 @@ def test_the_gate_in_row_blocks_gives_the_bits_of_one_fp32_pass(
     heads_out = torch.randn(rows, attention.q_size, generator=generator).mul_(30).bfloat16()
     heads_out.view(-1)[torch.randint(0, heads_out.numel(), (8,), generator=generator)] = special
     hidden = torch.randn(rows, attention.g_proj.input_size, generator=generator).bfloat16()
-    assert attention.gate_block_rows == GATE_BLOCK_ROWS  # CPU: blocks
+    assert attention.head_gate.block_rows == GATE_BLOCK_ROWS  # CPU: blocks
     with set_current_vllm_config(vllm_config):
         blocked = attention.gate_heads(heads_out.clone(), hidden)
-        attention.gate_block_rows = None
+        attention.head_gate.block_rows = None
         try:
             whole = attention.gate_heads(heads_out.clone(), hidden)
         finally:
-            attention.gate_block_rows = GATE_BLOCK_ROWS
+            attention.head_gate.block_rows = GATE_BLOCK_ROWS
     assert blocked.dtype == whole.dtype == torch.bfloat16
     torch.testing.assert_close(blocked, whole, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(blocked.signbit(), whole.signbit())
@@ -162,7 +162,7 @@ def test_the_gate_in_row_blocks_gives_the_bits_of_one_fp32_pass(
 def test_the_compiled_gate_is_one_expression_over_any_number_of_tokens(bf16_attention):
     """Under TorchDynamo, with the token count symbolic as vLLM compiles it, the gate
     is not split into blocks (no per-size loop, nothing written back in place)."""
-    from vllm_spark2_5_plugin.spark2_5 import GATE_BLOCK_ROWS
+    from vllm_spark2_5_plugin.spark2_5_ops import GATE_BLOCK_ROWS
 
     attention, vllm_config = bf16_attention
     tokens = 3 * GATE_BLOCK_ROWS + 5
@@ -197,13 +197,13 @@ def _hostile_bf16(seed: int, special: float, rows: int = 33) -> torch.Tensor:
 def test_the_finite_guard_gives_the_same_bits_on_both_of_its_paths(seed, special, monkeypatch):
     """Eager and compiled code take different ops to zero NaN and infinities; every
     other value, signed zeros too, passes bit for bit on both."""
-    from vllm_spark2_5_plugin.spark2_5 import _finite
+    from vllm_spark2_5_plugin.spark2_5_ops import finite
 
     values = _hostile_bf16(seed, special)
-    eager = _finite(values)
+    eager = finite(values)
     with monkeypatch.context() as patched:
         patched.setattr(torch.compiler, "is_compiling", lambda: True)
-        compiled_path = _finite(values)
+        compiled_path = finite(values)
     assert torch.equal(eager.view(torch.int16), compiled_path.view(torch.int16))
     assert torch.isfinite(eager).all()
     finite = torch.isfinite(values)
@@ -214,7 +214,7 @@ def test_the_finite_guard_gives_the_same_bits_on_both_of_its_paths(seed, special
 def test_the_compiled_finite_guard_is_the_select_and_keeps_the_bits(loaded):
     """Compiled, the guard is the select Inductor compiles well on CPU, not
     ``nan_to_num``, and Inductor's code gives the eager bits."""
-    from vllm_spark2_5_plugin.spark2_5 import _finite
+    from vllm_spark2_5_plugin.spark2_5_ops import finite
 
     model, vllm_config = loaded
     layer = model.model.layers[0]
@@ -225,5 +225,5 @@ def test_the_compiled_finite_guard_is_the_select_and_keeps_the_bits(loaded):
     assert "nan_to_num" not in called(explained.graphs[0])
     values = _hostile_bf16(seed=1, special=float("nan"))
     values[0, :3] = torch.tensor([float("inf"), float("-inf"), -0.0])
-    compiled = torch.compile(_finite, dynamic=True)(values)
-    assert torch.equal(compiled.view(torch.int16), _finite(values).view(torch.int16))
+    compiled = torch.compile(finite, dynamic=True)(values)
+    assert torch.equal(compiled.view(torch.int16), finite(values).view(torch.int16))

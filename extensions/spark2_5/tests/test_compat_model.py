@@ -13,7 +13,7 @@ import torch
 from spark2_5_dev.model_building import vllm_model_env
 from spark2_5_dev.older_vllm import WeightsMapperWithoutStacking, use_older_weight_loading
 from spark2_5_dev.packed_layer import HEAD_DIM, LOADED, Layer, expected_packed, split_weights
-from vllm_spark2_5_plugin import compat
+from vllm_spark2_5_plugin import compat, cpu_platform
 
 __all__ = ["vllm_model_env"]  # the fixture, for pytest
 
@@ -184,8 +184,8 @@ def test_quantized_checkpoint_names_follow_the_quantization_methods_mapper():
 
 
 def test_the_finite_kv_guard_is_on_exactly_where_the_attention_reads_stale_slots():
-    """On vLLM's CPU build (these tests) the guard is on; compat decides by platform."""
+    """On vLLM's CPU build (these tests) the guard is on; cpu_platform decides."""
     from vllm.platforms import current_platform
 
     assert current_platform.is_cpu()
-    assert compat.attention_reads_stale_kv_slots() is True
+    assert cpu_platform.attention_reads_stale_kv_slots() is True

@@ -195,10 +195,10 @@ def test_override_replaces_the_in_tree_model():
 
 
 REFUSING_CONFIG_REGISTRY = """
-    import vllm_spark2_5_plugin.compat as compat
+    import vllm_spark2_5_plugin.host_hooks as host_hooks
     def refuse(*args, **kwargs):
         raise RuntimeError("config registry is read-only")
-    compat.register_config = refuse
+    host_hooks.register_config = refuse
 """
 
 

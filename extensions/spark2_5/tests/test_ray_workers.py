@@ -22,8 +22,7 @@ import pytest
 from carrier_harness.server import CPU_SERVE_ENV
 from spark2_5_dev.carrier import BUNDLE_ID, ENABLE_ENV, clean_env
 from vllm_hust_bundle_kit.contract import ENABLED_BUNDLES_ENVS, PLUGINS_ENV
-from vllm_spark2_5_plugin._registration import ARCHITECTURE
-from vllm_spark2_5_plugin.compat import RAY_EXTRA_ENV_VARS
+from vllm_spark2_5_plugin._registration import ARCHITECTURE, RAY_EXTRA_ENV_VARS
 
 # Rules that hand actors only the names on vLLM's copy list (the older executor:
 # 0.23 to 0.32).
@@ -60,18 +59,18 @@ def workers(model, gate: dict[str, str], node: dict[str, str] = (), control=Fals
 def test_the_carrier_appends_to_the_copy_list_and_keeps_the_operators_names(monkeypatch):
     import vllm.envs  # noqa: F401 - where it is imported, the list is extended right away
 
-    from vllm_spark2_5_plugin import compat
+    from vllm_spark2_5_plugin import _registration
 
     monkeypatch.setenv(RAY_EXTRA_ENV_VARS, " OPERATORS_FLAG, ")
-    assert compat.copy_to_ray_actors([ENABLE_ENV, LIST, ENABLE_ENV]) == [ENABLE_ENV, LIST]
-    assert compat.copy_to_ray_actors([ENABLE_ENV]) == []  # already listed: nothing changes
+    assert _registration.copy_to_ray_actors([ENABLE_ENV, LIST, ENABLE_ENV]) == [ENABLE_ENV, LIST]
+    assert _registration.copy_to_ray_actors([ENABLE_ENV]) == []  # already listed: nothing changes
     assert os.environ[RAY_EXTRA_ENV_VARS] == f"OPERATORS_FLAG,{ENABLE_ENV},{LIST}"
 
 
 COPY_WHEN_VLLM_LOADS = f"""
 import os, sys
-from vllm_spark2_5_plugin import compat
-added = compat.copy_to_ray_actors([{ENABLE_ENV!r}])
+from vllm_spark2_5_plugin import _registration
+added = _registration.copy_to_ray_actors([{ENABLE_ENV!r}])
 before = (list(added), os.environ.get({RAY_EXTRA_ENV_VARS!r}), "vllm" in sys.modules)
 import vllm.envs
 print(before, (added, os.environ.get({RAY_EXTRA_ENV_VARS!r})))

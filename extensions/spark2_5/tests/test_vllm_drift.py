@@ -239,7 +239,7 @@ USES = [
         "ToolParserManager.register_lazy_module",
         lambda: compat.tool_parser_manager().register_lazy_module,
         (Call(3),),
-        "compat.register_tool_parser",
+        "_registration.register_tool_parser",
     ),
     Use(
         "DeltaMessage",

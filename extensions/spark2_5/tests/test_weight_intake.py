@@ -18,7 +18,7 @@ from spark2_5_dev.model_building import build_model, checkpoint_tensors, vllm_mo
 from spark2_5_dev.weight_updates import cpu_paths, kernel_path
 from vllm_spark2_5_plugin import host_hooks
 from vllm_spark2_5_plugin.spark2_5_checkpoint import Spark2_5CheckpointError
-from vllm_spark2_5_plugin.spark2_5_loading import RefusedUpdate
+from vllm_spark2_5_plugin.spark2_5_updates import RefusedUpdate
 
 __all__ = ["vllm_model_env"]  # the fixture, for pytest
 
@@ -46,9 +46,9 @@ def vllm_reads_the_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm import _custom_ops
     from vllm.model_executor.layers import utils
 
-    from vllm_spark2_5_plugin import compat
+    from vllm_spark2_5_plugin import cpu_platform
 
-    monkeypatch.setattr(compat, "linears_compute_with_copies", lambda: False)
+    monkeypatch.setattr(cpu_platform, "linears_compute_with_copies", lambda: False)
     monkeypatch.setattr(_custom_ops, "_supports_onednn", False)
     monkeypatch.setattr(utils, "check_cpu_sgl_kernel", lambda *_: False)
 
@@ -62,7 +62,7 @@ def first_load(checkpoint):
     record_metadata_for_reloading(model)
     model.load_weights(iter(checkpoint_tensors(checkpoint).items()))
     # On CPU this packs the linear layers (their weight parameters become empty).
-    process_weights_after_loading(model, model.weight_intake.model_config, torch.device("cpu"))
+    process_weights_after_loading(model, model.checkpoint.model_config, torch.device("cpu"))
     return model
 
 
@@ -133,7 +133,7 @@ def test_a_refused_tensor_ends_the_update_and_vllms_finish_raises_it_once(checkp
     # Ended as vLLM's finalize ends it: no layer is left on the meta device.
     assert not host_hooks.in_layerwise_reload(loaded_model)
     assert not any(p.is_meta for p in loaded_model.parameters())
-    config = loaded_model.weight_intake.model_config
+    config = loaded_model.checkpoint.model_config
     with pytest.raises(RefusedUpdate) as error:
         finalize_layerwise_reload(loaded_model, config)
     assert f"Checkpoint tensors {NAME!r} and {NAME!r} both load into {NAME!r}" in str(error.value)
@@ -172,7 +172,7 @@ def test_the_rest_of_a_refused_update_is_taken_and_dropped(
     assert taken == names[:refused_at] + names[refused_at + 1 :]
     assert_same(parameters(loaded_model), before)
     with pytest.raises(RefusedUpdate, match=f"Checkpoint tensor {NAME!r} has shape"):
-        finalize_layerwise_reload(loaded_model, loaded_model.weight_intake.model_config)
+        finalize_layerwise_reload(loaded_model, loaded_model.checkpoint.model_config)
 
 
 @pytest.mark.parametrize("first", [True, False])
@@ -193,7 +193,7 @@ def test_a_tensor_that_arrived_as_a_list_is_refused_by_name(checkpoint, first):
         initialize_layerwise_reload(model)
         model.load_weights(list(tensors.items()))
         with pytest.raises(RefusedUpdate) as error:
-            finalize_layerwise_reload(model, model.weight_intake.model_config)
+            finalize_layerwise_reload(model, model.checkpoint.model_config)
         refusal = error.value.__cause__
     assert str(refusal).startswith(
         f"Tensor {NAME!r} arrived as a list, not a torch.Tensor. A weights_iterator sent "

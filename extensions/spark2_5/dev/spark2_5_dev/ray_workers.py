@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vllm_spark2_5_plugin._registration import ARCHITECTURE
-from vllm_spark2_5_plugin.compat import RAY_EXTRA_ENV_VARS as COPY_LIST
+from vllm_spark2_5_plugin._registration import RAY_EXTRA_ENV_VARS as COPY_LIST
 
 
 def _report(wrapper: Any, names: list[str]) -> dict[str, Any]:

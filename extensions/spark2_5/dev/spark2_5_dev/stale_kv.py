@@ -1,7 +1,7 @@
 """vLLM's CPU attention and stale KV-cache slots, reproduced on in-tree Llama alone.
 
 Why the carrier writes only finite keys and values on vLLM's CPU build
-(``compat.attention_reads_stale_kv_slots``). No Spark2_5 code runs here: a tiny
+(``cpu_platform.attention_reads_stale_kv_slots``). No Spark2_5 code runs here: a tiny
 random in-tree ``LlamaForCausalLM`` serves a plain prompt, then a request through
 a LoRA adapter whose ``v_proj`` update is NaN (vLLM loads such an adapter for
 in-tree models), then the plain prompt again, in one engine without prefix

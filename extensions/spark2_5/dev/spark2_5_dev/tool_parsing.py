@@ -14,7 +14,7 @@ from typing import Any
 from spark2_5_dev import tools
 from spark2_5_dev.checkpoints import write_tokenizer
 from spark2_5_dev.tools import with_parameters
-from vllm_spark2_5_plugin import _registration, compat
+from vllm_spark2_5_plugin import _registration
 
 # The fixture's get_weather with one more parameter type, city alone required.
 WEATHER_TOOL = with_parameters(
@@ -62,7 +62,7 @@ def load_tokenizer(directory: Path) -> Any:
 
 def register_spark25() -> None:
     """Register the parser the way the enabled carrier does (lazily, by import path)."""
-    compat.register_tool_parser(
+    _registration.register_tool_parser(
         _registration.TOOL_PARSER_NAME,
         _registration.TOOL_PARSER_MODULE,
         _registration.TOOL_PARSER_CLASS,

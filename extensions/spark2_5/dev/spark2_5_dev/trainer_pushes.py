@@ -54,12 +54,12 @@ def stand_in_a_gpu_host() -> None:
     from vllm import _custom_ops
     from vllm.model_executor.layers import utils
 
-    from vllm_spark2_5_plugin import compat
+    from vllm_spark2_5_plugin import cpu_platform
 
     _custom_ops._supports_onednn = False
     utils.check_cpu_sgl_kernel = lambda *_: False
-    compat.linears_compute_with_copies = lambda: False
-    compat.attention_reads_stale_kv_slots = lambda: False
+    cpu_platform.linears_compute_with_copies = lambda: False
+    cpu_platform.attention_reads_stale_kv_slots = lambda: False
 
 
 def _engine(path: Path, **settings: Any) -> Any:
