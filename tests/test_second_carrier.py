@@ -35,7 +35,7 @@ from vllm_hust_bundle_kit.switch import CarrierSwitch
 
 def _switch():
     return CarrierSwitch.from_bundle_package(
-        "demo_carrier.bundle", carrier="demo_carrier:register", override_env="DEMO_CARRIER_OVERRIDE"
+        "demo_carrier.bundles.demo", carrier="demo_carrier:register", override_env="DEMO_CARRIER_OVERRIDE"
     )
 
 
@@ -96,9 +96,9 @@ def run(argv, **kwargs) -> subprocess.CompletedProcess[str]:
 def add_demo_carrier(root: Path) -> None:
     """The steps of docs/adding-a-carrier.md, on the copy at ``root``."""
     package = root / "src" / "demo_carrier"
-    (package / "bundle").mkdir(parents=True)
+    (package / "bundles" / "demo").mkdir(parents=True)
     (package / "__init__.py").write_text(DEMO_PACKAGE.lstrip(), encoding="utf-8")
-    (package / "bundle" / "__init__.py").write_text("", encoding="utf-8")
+    (package / "bundles" / "__init__.py").write_text("", encoding="utf-8")
     evidence = root / "extensions" / "demo_carrier" / "evidence"
     evidence.mkdir(parents=True)
     (evidence / "README.md").write_text("Evidence of the demo carrier.\n", encoding="utf-8")
@@ -113,7 +113,7 @@ def add_demo_carrier(root: Path) -> None:
         ),
         (
             '[project.entry-points."vllm_hust.extension_bundles"]\n',
-            f'"{DEMO_ID}" = "demo_carrier.bundle"',
+            f'"{DEMO_ID}" = "demo_carrier.bundles.demo"',
         ),
     ):
         assert header in text
