@@ -41,7 +41,7 @@ from carrier_harness.manager import (
     write_state,
 )
 from carrier_harness.project import manifest_source
-from vllm_hust_bundle_kit import cli, manager
+from vllm_hust_bundle_kit import cli, manager_state
 from vllm_hust_bundle_kit.contract import (
     ENABLED_BUNDLES_ENVS,
     PLUGINS_ENV,
@@ -374,7 +374,7 @@ def test_the_installed_managers_refusal_of_its_state_file_stands(bundle, monkeyp
         raise ValueError("vllm-hust-ext config has an unsupported schema")
 
     installed_manager(monkeypatch, load_config)
-    state = manager.read_state(state_file, [bundle])
+    state = manager_state.read_state(state_file, [bundle])
     assert state.enabled == ()
     assert state.problem == (
         f"{state_file}: vllm-hust-ext refuses this extension manager's state file "
@@ -390,7 +390,7 @@ def test_what_the_installed_manager_enables_stands(bundle, monkeypatch, state_fi
         extensions={bundle.extension_id: types.SimpleNamespace(configuration=configuration)},
     )
     installed_manager(monkeypatch, lambda path: reading)
-    state = manager.read_state(state_file, [bundle])
+    state = manager_state.read_state(state_file, [bundle])
     assert (state.enabled, state.problem) == ((bundle.extension_id,), None)
     assert state.configuration(bundle.extension_id) == configuration
 
