@@ -2,7 +2,7 @@
 
 The manager is not on the package index, so each measured behaviour is a test
 here, named after it, that runs two ways: ``recorded`` checks what this
-toolkit predicts (``vllm-hust-bundle inspect``/``env``, the manager module)
+toolkit predicts (``vllm-hust-bundle inspect``/``env``, the manager modules)
 against the measured behaviour; ``vllm_hust_ext`` runs the real manager's CLI
 where the ``vllm_hust_ext`` package is installed, and is skipped with the
 reason elsewhere. Where this project deliberately differs (it never writes the
@@ -41,7 +41,7 @@ from carrier_harness.project import (
     pyproject,
     with_status,
 )
-from vllm_hust_bundle_kit import installed, manager
+from vllm_hust_bundle_kit import installed, manager_launch
 from vllm_hust_bundle_kit.contract import (
     BUNDLE_GROUP,
     ENABLED_BUNDLES_ENVS,
@@ -398,7 +398,7 @@ def test_a_state_path_under_a_regular_file_is_reported(bundle, verified_host, tm
 
 def test_an_import_only_bundle_is_refused_a_launch_with_the_managers_words(bundle):
     with pytest.raises(BundleError) as error:
-        manager.activation_environment([with_status(bundle, "import_only")], clean_env())
+        manager_launch.activation_environment([with_status(bundle, "import_only")], clean_env())
     assert str(error.value) == (
         f"{bundle.manifest_path}: refusing to launch {bundle.extension_id!r}: extension is "
         "descriptor-only and cannot be enabled (implementation status: import_only)"
@@ -457,7 +457,7 @@ def test_launch_is_refused_when_the_host_is_not_installed(bundle):
     active = with_status(bundle, "active")
     active.manifest["host"]["name"] = "vllm-host-that-is-not-installed"
     with pytest.raises(BundleError) as error:
-        manager.activation_environment([active], clean_env())
+        manager_launch.activation_environment([active], clean_env())
     assert str(error.value) == (
         f"{bundle.manifest_path}: refusing to launch {bundle.extension_id!r}: "
         "host vllm-host-that-is-not-installed is not installed (unknown)"
@@ -476,7 +476,7 @@ def test_bundles_that_disagree_on_a_variable_cannot_be_enabled_together(
     )
     second.manifest["activation"]["environment"] = {switch: "0"}
     with pytest.raises(BundleError) as error:
-        manager.activation_environment([first, second], clean_env())
+        manager_launch.activation_environment([first, second], clean_env())
     assert str(error.value) == (
         f'other.json: activation.environment.{switch} = "0": conflicts with "1" '
         f"from {bundle.extension_id}; enable only one of them"

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from vllm_hust_bundle_kit import installed, manager, render
+from vllm_hust_bundle_kit import installed, manager_launch, manager_state, render
 from vllm_hust_bundle_kit.contract import MANAGER_LAUNCH_ONLY_ENVS
 from vllm_hust_bundle_kit.errors import BundleError, shown
 from vllm_hust_bundle_kit.switch import switch_names
@@ -111,7 +111,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _inspect_one(
-    bundle: installed.Bundle, state: manager.ManagerState, bundles: Sequence[installed.Bundle]
+    bundle: installed.Bundle, state: manager_state.ManagerState, bundles: Sequence[installed.Bundle]
 ) -> dict[str, Any]:
     item: dict[str, Any] = {
         "extension_id": bundle.extension_id,
@@ -125,7 +125,7 @@ def _inspect_one(
     installed_host = host_compatibility(bundle.manifest)
     # What the manager judges: the entry's configured host_version, where it sets one.
     compatibility = host_compatibility(bundle.manifest, state.configuration(bundle.extension_id))
-    launch = manager.predict_launch(bundle, state, bundles)
+    launch = manager_launch.predict_launch(bundle, state, bundles)
     injected = launch.environment
     return {
         **item,
@@ -150,7 +150,9 @@ def _inspect_one(
         "launch_refusal_once_enabled": launch.refusal_once_enabled,
         "launch_environment": injected,
         "launch_also_sets": list(MANAGER_LAUNCH_ONLY_ENVS),
-        "launch_overrides": manager.overridden_by_launch(injected or {}) if launch.enabled else {},
+        "launch_overrides": manager_launch.overridden_by_launch(injected or {})
+        if launch.enabled
+        else {},
         "switch_off_for_one_launch": _switch_off_command(bundle),
     }
 
@@ -234,7 +236,7 @@ def _inspect_lines(item: dict[str, Any]) -> list[str]:
 def _inspect(args: argparse.Namespace) -> int:
     bundles = installed.discover()
     selected = installed.select(bundles, args.extension_ids)
-    state = manager.read_state(manager.state_path(), bundles)
+    state = manager_state.read_state(manager_state.state_path(), bundles)
     report = [_inspect_one(bundle, state, bundles) for bundle in selected]
     _emit(args, report, [line for item in report for line in _inspect_lines(item)])
     problems = list(dict.fromkeys(p for p in map(_launch_problem, report) if p))
@@ -250,14 +252,14 @@ def _env(args: argparse.Namespace) -> int:
         installed.validate(bundle)
     # The manager refuses every launch while its state file is unusable or stale, or an
     # enabled entry's configuration is refused; the bundles' own entries configure them.
-    state = manager.read_state(manager.state_path(), bundles)
+    state = manager_state.read_state(manager_state.state_path(), bundles)
     if state.problem:
         raise Finding(state.problem)
     try:
-        environment = manager.activation_environment(selected, state=state)
+        environment = manager_launch.activation_environment(selected, state=state)
     except BundleError as exc:
         raise Finding(str(exc)) from None
-    evidence = manager.evidence_refusal()
+    evidence = manager_launch.evidence_refusal()
     if evidence:
         raise Finding(evidence)
     _emit(

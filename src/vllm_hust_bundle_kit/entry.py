@@ -76,6 +76,71 @@ def _outside_verified_range(switch: CarrierSwitch, host_version: str) -> str | N
     )
 
 
+def _enabled_details(
+    logger: logging.Logger,
+    name: str,
+    switch: CarrierSwitch,
+    decision: SwitchDecision,
+    register_enabled: Callable[[SwitchDecision], Sequence[str]],
+) -> list[str]:
+    """Register the carrier and say so; a host outside the verified range is warned first."""
+    host_version = _host_version(switch)
+    outside = _outside_verified_range(switch, host_version)
+    if outside:
+        log_line(logger, logging.WARNING, "%s: %s", name, outside)
+    return [
+        "enabled=1",
+        f"via={decision.source}",
+        *register_enabled(decision),
+        f"{switch.host_name}={host_version}",
+        f"verified={switch.host_range}" + (" (outside it)" if outside else ""),
+    ]
+
+
+def _log_load_line(
+    logger: logging.Logger,
+    name: str,
+    switch: CarrierSwitch,
+    register_enabled: Callable[[SwitchDecision], Sequence[str]],
+) -> None:
+    """Decide, register only when the switch is on, and log the one load line."""
+    decision = switch.decide()
+    for warning in decision.warnings:
+        log_line(logger, logging.WARNING, "%s: %s", name, warning)
+    if decision.enabled:
+        details = _enabled_details(logger, name, switch, decision, register_enabled)
+    else:
+        details = [
+            "enabled=0",
+            f"reason={decision.source}",
+            f"to enable set {switch.enable_env}=1 or enable bundle {switch.bundle_id} "
+            "with vllm-hust-ext",
+        ]
+    log_line(logger, logging.INFO, LOAD_LINE, name, ", ".join(details))
+
+
+def _log_failure(
+    logger: logging.Logger, name: str, switch: CarrierSwitch | None, exc: Exception
+) -> None:
+    """The error line in place of the load line; ``switch`` is None when it failed to load."""
+    fix = (
+        f"check that the installed {switch.host_name} is in the carrier's verified range "
+        f"{switch.host_range} (`vllm-hust-bundle inspect {switch.bundle_id}`) or unset "
+        f"{switch.enable_env} to disable the carrier"
+        if switch is not None
+        else "reinstall the distribution"
+    )
+    log_line(
+        logger,
+        logging.ERROR,
+        "%s failed to register (%s: %s); vLLM continues without it. Fix: %s.",
+        name,
+        type(exc).__name__,
+        exc,
+        fix,
+    )
+
+
 def carrier_entry_point(
     *,
     name: str,
@@ -101,45 +166,8 @@ def carrier_entry_point(
         switch = None
         try:
             switch = load_switch()
-            decision = switch.decide()
-            for warning in decision.warnings:
-                log_line(logger, logging.WARNING, "%s: %s", name, warning)
-            if not decision.enabled:
-                details = [
-                    "enabled=0",
-                    f"reason={decision.source}",
-                    f"to enable set {switch.enable_env}=1 or enable bundle {switch.bundle_id} "
-                    "with vllm-hust-ext",
-                ]
-            else:
-                host_version = _host_version(switch)
-                outside = _outside_verified_range(switch, host_version)
-                if outside:
-                    log_line(logger, logging.WARNING, "%s: %s", name, outside)
-                details = [
-                    "enabled=1",
-                    f"via={decision.source}",
-                    *register_enabled(decision),
-                    f"{switch.host_name}={host_version}",
-                    f"verified={switch.host_range}" + (" (outside it)" if outside else ""),
-                ]
-            log_line(logger, logging.INFO, LOAD_LINE, name, ", ".join(details))
+            _log_load_line(logger, name, switch, register_enabled)
         except Exception as exc:  # vLLM must keep starting whatever happens here
-            fix = (
-                f"check that the installed {switch.host_name} is in the carrier's verified range "
-                f"{switch.host_range} (`vllm-hust-bundle inspect {switch.bundle_id}`) or unset "
-                f"{switch.enable_env} to disable the carrier"
-                if switch is not None
-                else "reinstall the distribution"
-            )
-            log_line(
-                logger,
-                logging.ERROR,
-                "%s failed to register (%s: %s); vLLM continues without it. Fix: %s.",
-                name,
-                type(exc).__name__,
-                exc,
-                fix,
-            )
+            _log_failure(logger, name, switch, exc)
 
     return register

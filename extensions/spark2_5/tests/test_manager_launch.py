@@ -18,7 +18,7 @@ import pytest
 
 from carrier_harness.server import CPU_SERVE_ENV, VllmServer
 from spark2_5_dev.carrier import BUNDLE_ID, ENABLE_ENV, LOAD_LINE, SWITCH, clean_env
-from vllm_hust_bundle_kit import installed, manager
+from vllm_hust_bundle_kit import installed, manager_launch, manager_refusals
 from vllm_hust_bundle_kit.contract import (
     ENABLED_BUNDLES_ENVS,
     MANAGER_LAUNCH_ONLY_ENVS,
@@ -32,11 +32,13 @@ pytestmark = pytest.mark.serve
 @pytest.fixture
 def launch_env(tmp_path, monkeypatch) -> dict[str, str]:
     (bundle,) = installed.select(installed.discover(), [BUNDLE_ID])
-    if manager.launch_refusal(bundle):
-        pytest.skip(f"the manager would refuse this host: {manager.launch_refusal(bundle)}")
+    if manager_refusals.launch_refusal(bundle):
+        pytest.skip(
+            f"the manager would refuse this host: {manager_refusals.launch_refusal(bundle)}"
+        )
     # An operator's own allowlist: the manager keeps it and appends to it.
     env = clean_env(**{PLUGINS_ENV: "lora_filesystem_resolver"}, **CPU_SERVE_ENV)
-    injected = manager.activation_environment([bundle], env)
+    injected = manager_launch.activation_environment([bundle], env)
     assert injected == {
         ENABLE_ENV: "1",
         ENABLED_BUNDLES_ENVS[0]: BUNDLE_ID,
