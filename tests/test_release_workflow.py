@@ -141,7 +141,7 @@ def test_testpypi_is_checked_by_installing_from_it_and_verifying_attestations():
         'scripts/check-dist dist --install-check --install-from "${TESTPYPI_BASE_URL%/}/simple/"'
         in runs
     )
-    assert "scripts/verify-release receipt/receipt.json dist" in runs
+    assert "scripts/verify-release published receipt/receipt.json dist" in runs
     assert '--index "$TESTPYPI_BASE_URL" --environment testpypi' in runs
     assert re.search(r'pip install "pypi-attestations==[\d.]+"', runs)
 
