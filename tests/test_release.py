@@ -541,7 +541,7 @@ def test_check_dist_names_an_unreadable_archive(built, tmp_path, capsys):
     assert code == 1 and "unreadable archive" in output and "File is not a zip file" in output
 
 
-def test_install_check_catches_a_heavy_import_with_the_gate_off(built, tmp_path, capsys):
+def test_install_check_catches_a_heavy_import_with_the_switch_off(built, tmp_path, capsys):
     """A planted top-level module stands in for a heavy dependency the entry point imports."""
     with zipfile.ZipFile(_files(built)[1]) as zf:
         init = zf.read("vllm_spark2_5_plugin/__init__.py")
@@ -555,7 +555,24 @@ def test_install_check_catches_a_heavy_import_with_the_gate_off(built, tmp_path,
     )
     code, output = _check(capsys, str(faulty), "--install-check")
     assert code == 1
-    assert "register() with the gate unset imported ['transformers']" in output
+    assert "register() with the switch off imported ['transformers']" in output
+
+
+def test_install_check_catches_a_heavy_import_with_the_switch_on(built, tmp_path, capsys):
+    """As above, the import planted where only a switched-on carrier reaches it."""
+    [switch] = check_dist["fresh_install"].carrier_switches(_files(built)[1])
+    with zipfile.ZipFile(_files(built)[1]) as zf:
+        init = zf.read("vllm_spark2_5_plugin/__init__.py")
+    planted = f"\nif __import__('os').environ.get({switch!r}) == '1':\n    import transformers\n"
+    faulty = _faulty(
+        tmp_path,
+        built,
+        {"transformers.py": b"", "vllm_spark2_5_plugin/__init__.py": init + planted.encode()},
+    )
+    code, output = _check(capsys, str(faulty), "--install-check")
+    assert code == 1
+    expected = "register() with the switch on and no vLLM installed imported ['transformers']"
+    assert expected in output and "switch off imported" not in output
 
 
 def test_the_build_jobs_check_step_passes_tag_and_release(source, built, tmp_path):
