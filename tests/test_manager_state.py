@@ -52,7 +52,7 @@ from vllm_hust_bundle_kit.contract import (
     STATE_ENV,
 )
 
-GATE_PROBE = (
+SWITCH_PROBE = (
     "import json, os, sys; from vllm_hust_bundle_kit.switch import CarrierSwitch; "
     "switch = CarrierSwitch.from_bundle_package(*sys.argv[1:4]); d = switch.decide(); "
     "seen = os.environ.get(switch.enable_env); "
@@ -64,7 +64,7 @@ def switch_probe(bundle) -> list[str]:
     """A command printing the carrier switch's decision in the process it runs in."""
     package = bundle.manifest_path.parent.relative_to(bundle.distribution.package_root)
     (carrier,) = bundle.carriers()
-    return [sys.executable, "-c", GATE_PROBE, ".".join(package.parts), carrier, "UNUSED_OVERRIDE"]
+    return [sys.executable, "-c", SWITCH_PROBE, ".".join(package.parts), carrier, "UNUSED_OVERRIDE"]
 
 
 @dataclass(frozen=True)

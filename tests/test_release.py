@@ -36,7 +36,9 @@ from carrier_harness.project import pyproject, read_workflow, setup_env_vllm_ver
 
 WORKFLOWS = ROOT / ".github" / "workflows"
 CHECK_DIST = ROOT / "scripts" / "check-dist"
+VERIFY_RELEASE = ROOT / "scripts" / "verify-release"
 check_dist = runpy.run_path(str(CHECK_DIST))
+verify_release = runpy.run_path(str(VERIFY_RELEASE))
 PROJECT = pyproject()
 VERSION = PROJECT["version"]
 BUNDLES = PROJECT["entry-points"]["vllm_hust.extension_bundles"]
@@ -150,13 +152,14 @@ def test_build_job_runs_every_check_before_uploading():
         "scripts/check-dist",
         "--install-check",
         "--audit",
-        "--receipt",
+        "scripts/verify-release built",
     ):
         assert check in text
     assert "--tag" in text and "--release" in text
     names = [step.get("name", step.get("uses", "")) for step in _steps(build)]
-    assert names.index("Upload the files to publish") > names.index(
-        "Check the files, install them into a clean venv, write the receipt"
+    assert names.index("Upload the files to publish") > names.index("Write the build receipt")
+    assert names.index("Write the build receipt") > names.index(
+        "Check the files, install them into a clean venv"
     )
 
 
@@ -312,19 +315,23 @@ def _commit_built() -> str:
     return head.stdout.strip()
 
 
-def test_check_dist_accepts_a_fresh_build_and_writes_the_receipt(built: Path, tmp_path: Path):
-    receipt_path = tmp_path / "receipt.json"
+def test_check_dist_accepts_a_fresh_build_and_verify_release_describes_it(
+    built: Path, tmp_path: Path
+):
+    env = {**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH}
     args = [str(built), "--install-check", "--audit", "--tag", f"v{VERSION}"]
-    args += ["--receipt", str(receipt_path)]
     done = subprocess.run(
-        [sys.executable, str(CHECK_DIST), *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH},
+        [sys.executable, str(CHECK_DIST), *args], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    receipt_path = tmp_path / "receipt.json"
+    args = ["built", str(built), "--tag", f"v{VERSION}", "--out", str(receipt_path)]
+    done = subprocess.run(
+        [sys.executable, str(VERIFY_RELEASE), *args], capture_output=True, text=True, env=env
     )
     assert done.returncode == 0, done.stdout + done.stderr
     receipt = json.loads(receipt_path.read_text(encoding="utf-8"))
-    assert json.loads(done.stdout.split("\n", 1)[1]) == receipt  # printed as well
+    assert json.loads(done.stdout) == receipt  # printed as well
     assert (receipt["distribution"], receipt["version"]) == (PROJECT["name"], VERSION)
     assert (receipt["tag"], receipt["source_date_epoch"]) == (f"v{VERSION}", SOURCE_DATE_EPOCH)
     assert receipt["commit"] == _commit_built()
@@ -342,10 +349,10 @@ def test_check_dist_accepts_a_fresh_build_and_writes_the_receipt(built: Path, tm
 def test_receipt_fields_are_the_documented_ones(built: Path):
     section = (ROOT / "docs" / "release.md").read_text(encoding="utf-8").split("## 6.")[1]
     documented = set(re.findall(r"`(\w+)(?:\[\])?`", section.split("\n\n", 3)[2]))
-    receipt = check_dist["receipt"](check_dist["Project"](ROOT), *_files(built), None)
+    receipt = verify_release["build_receipt"](built, None)
     file_fields = set(receipt["files"][0])
-    # What scripts/verify-release adds after publishing, read from the script.
-    script = (ROOT / "scripts" / "verify-release").read_text(encoding="utf-8")
+    # What scripts/verify-release published adds, read from the script.
+    script = VERIFY_RELEASE.read_text(encoding="utf-8")
     added = set(re.findall(r'(?:receipt|item)\["(\w+)"\] =', script))
     assert set(receipt) | file_fields | added <= documented
     assert added >= {"index", "workflow_run", "attestation_publishers", "approvers"}
@@ -534,7 +541,7 @@ def test_check_dist_names_an_unreadable_archive(built, tmp_path, capsys):
     assert code == 1 and "unreadable archive" in output and "File is not a zip file" in output
 
 
-def test_install_check_catches_a_heavy_import_with_the_gate_off(built, tmp_path, capsys):
+def test_install_check_catches_a_heavy_import_with_the_switch_off(built, tmp_path, capsys):
     """A planted top-level module stands in for a heavy dependency the entry point imports."""
     with zipfile.ZipFile(_files(built)[1]) as zf:
         init = zf.read("vllm_spark2_5_plugin/__init__.py")
@@ -548,7 +555,24 @@ def test_install_check_catches_a_heavy_import_with_the_gate_off(built, tmp_path,
     )
     code, output = _check(capsys, str(faulty), "--install-check")
     assert code == 1
-    assert "register() with the gate unset imported ['transformers']" in output
+    assert "register() with the switch off imported ['transformers']" in output
+
+
+def test_install_check_catches_a_heavy_import_with_the_switch_on(built, tmp_path, capsys):
+    """As above, the import planted where only a switched-on carrier reaches it."""
+    [switch] = check_dist["fresh_install"].carrier_switches(_files(built)[1])
+    with zipfile.ZipFile(_files(built)[1]) as zf:
+        init = zf.read("vllm_spark2_5_plugin/__init__.py")
+    planted = f"\nif __import__('os').environ.get({switch!r}) == '1':\n    import transformers\n"
+    faulty = _faulty(
+        tmp_path,
+        built,
+        {"transformers.py": b"", "vllm_spark2_5_plugin/__init__.py": init + planted.encode()},
+    )
+    code, output = _check(capsys, str(faulty), "--install-check")
+    assert code == 1
+    expected = "register() with the switch on and no vLLM installed imported ['transformers']"
+    assert expected in output and "switch off imported" not in output
 
 
 def test_the_build_jobs_check_step_passes_tag_and_release(source, built, tmp_path):
@@ -572,6 +596,30 @@ def test_the_build_jobs_check_step_passes_tag_and_release(source, built, tmp_pat
     assert "tag 'v0.0.0-wrong' does not match the version" in done.stderr
     assert "CHANGELOG.md has no dated entry" in done.stderr
     assert "fresh install" not in done.stderr  # the install check itself passed
+
+
+@pytest.mark.parametrize("tag", [f"v{VERSION}", ""], ids=["tag", "no-tag"])
+def test_the_build_jobs_receipt_step_describes_the_files_it_uploads(source, built, tmp_path, tag):
+    """Run the workflow's receipt step: the file it writes is the one the build-receipt
+    upload takes, naming the tag (none on a manual run) and every file in dist/."""
+    project = tmp_path / "checkout"
+    shutil.copytree(source, project)
+    shutil.copytree(built, project / "dist")
+    steps = _steps(read_workflow("publish.yml")["jobs"]["build"])
+    step = next(step for step in steps if "scripts/verify-release" in step.get("run", ""))
+    upload = next(step for step in steps if step.get("with", {}).get("name") == "build-receipt")
+    env = {
+        **os.environ,
+        "TAG": tag,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+    }
+    done = subprocess.run(
+        ["bash", "-e", "-c", step["run"]], cwd=project, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    receipt = json.loads((project / upload["with"]["path"]).read_text(encoding="utf-8"))
+    assert receipt["tag"] == (tag or None)
+    assert sorted(item["filename"] for item in receipt["files"]) == sorted(_sha256(built))
 
 
 # --- reproducible builds -----------------------------------------------------------------

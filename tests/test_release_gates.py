@@ -1,7 +1,8 @@
 """Release gates in scripts/check-dist: MAINTAINERS.md must name the release
 approvers for ``--release``; ``--install-from`` installs exactly the built wheel
 from an index (sha256-pinned) and smoke-tests it; ``--audit`` fails only on a
-fixable vulnerability in a declared dependency; the build backend is pinned.
+fixable vulnerability in a declared dependency (both in tools/fresh_install.py);
+the build backend is pinned.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from carrier_harness.project import our_bundles
 CHECK_DIST = ROOT / "scripts" / "check-dist"
 VERIFY_RELEASE = ROOT / "scripts" / "verify-release"
 check_dist = runpy.run_path(str(CHECK_DIST))
+fresh_install = check_dist["fresh_install"]  # the module check-dist runs
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 NAME, VERSION = PYPROJECT["project"]["name"], PYPROJECT["project"]["version"]
 PLACEHOLDER = "to be filled before the first release from this repository"
@@ -162,10 +164,10 @@ def _use_osv_at(monkeypatch: pytest.MonkeyPatch, url: str) -> None:
 
 
 def _audit(pins: list[str], capsys: pytest.CaptureFixture) -> tuple[list[str], str]:
-    declared = {check_dist["_requirement_name"](r) for r in PYPROJECT["project"]["dependencies"]}
+    declared = {fresh_install.requirement_name(r) for r in PYPROJECT["project"]["dependencies"]}
     assert declared == {"packaging", "jsonschema", "platformdirs", "tomli"}
     problems: list[str] = []
-    check_dist["audit_dependencies"](pins, declared, problems)
+    fresh_install.audit_dependencies(pins, declared, problems)
     return problems, " ".join(capsys.readouterr().err.split())
 
 
@@ -229,20 +231,20 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return next(out.glob("*.whl"))
 
 
-def test_the_install_check_opens_every_carriers_real_gate(wheel):
+def test_the_install_check_turns_on_every_carriers_real_switch(wheel):
     switches = {
         name
         for bundle in our_bundles()
         for name, value in bundle.manifest["activation"]["environment"].items()
         if value == "1"
     }
-    assert switches and check_dist["_carrier_switches"](wheel) == switches
+    assert switches and fresh_install.carrier_switches(wheel) == switches
 
 
 def _install_check(wheel: Path, index_url: str) -> list[str]:
     problems: list[str] = []
     project = check_dist["Project"](ROOT)
-    check_dist["install_check"](wheel, project, problems, index_url)
+    fresh_install.check(wheel, project, problems, index_url)
     return problems
 
 

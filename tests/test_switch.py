@@ -22,10 +22,10 @@ from vllm_hust_bundle_kit.switch import (
     SwitchError,
 )
 
-BUNDLE_ID = "org.example.gated"
-ENABLE_ENV = "GATED_CARRIER_ENABLE"
-OVERRIDE_ENV = "GATED_CARRIER_OVERRIDE"
-CARRIER = "gated_carrier:register"
+BUNDLE_ID = "org.example.switched"
+ENABLE_ENV = "SWITCHED_CARRIER_ENABLE"
+OVERRIDE_ENV = "SWITCHED_CARRIER_OVERRIDE"
+CARRIER = "switched_carrier:register"
 
 
 def manifest(status: str = "active", environment: dict | None = None) -> dict:
@@ -35,7 +35,7 @@ def manifest(status: str = "active", environment: dict | None = None) -> dict:
         "implementation": [
             {
                 "type": "python_module",
-                "module": "gated_carrier",
+                "module": "switched_carrier",
                 "object": "register",
                 "status": status,
             }
@@ -59,7 +59,7 @@ def bundle_package(tmp_path, monkeypatch):
 
     def make(document) -> str:
         # A fresh package name per test: imported packages stay in sys.modules.
-        return write_bundle_package(tmp_path, f"gated_bundle_{uuid.uuid4().hex}", document)
+        return write_bundle_package(tmp_path, f"switched_bundle_{uuid.uuid4().hex}", document)
 
     return make
 
@@ -221,7 +221,7 @@ BROKEN_MANIFESTS = {
 def test_a_broken_manifest_is_one_switch_error(bundle_package, document):
     with pytest.raises(SwitchError) as error:
         CarrierSwitch.from_bundle_package(bundle_package(document), CARRIER, OVERRIDE_ENV)
-    assert "gated_bundle" in str(error.value)
+    assert "switched_bundle" in str(error.value)
 
 
 def test_a_missing_package_is_a_switch_error():

@@ -17,7 +17,7 @@ TOOLKIT = PROJECT_ROOT / "src" / "vllm_hust_bundle_kit"
 # What the toolkit may import besides the standard library and itself; vllm_hust_ext,
 # the extension manager, only where it is installed (manager_state.py asks it to read its state).
 THIRD_PARTY = {"packaging", "jsonschema", "referencing", "tomli", "platformdirs", "vllm_hust_ext"}
-# A carrier's entry point imports these before its gate: standard library only.
+# A carrier's entry point imports these before its switch is on: standard library only.
 RUNTIME_MODULES = ("__init__", "contract", "switch", "entry")
 
 

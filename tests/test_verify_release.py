@@ -94,7 +94,8 @@ def _verify_release(tmp_path, receipt, dist, environment="pypi", approvers="alic
     env.pop("GITHUB_STEP_SUMMARY", None)
     with serve_index(tmp_path / "index") as (simple_url, _):
         base = simple_url.removesuffix("/simple/")
-        command = [sys.executable, str(VERIFY_RELEASE), str(receipt), str(dist), "--index", base]
+        command = [sys.executable, str(VERIFY_RELEASE), "published", str(receipt), str(dist)]
+        command += ["--index", base]
         options = ["--environment", environment, "--approvers", approvers, "--out", str(out)]
         done = subprocess.run(
             [*command, *options],

@@ -1,6 +1,6 @@
 """What the carrier costs vLLM when it is installed: entry point and server start.
 
-1. ``register()`` with the gate closed, in fresh interpreters: import plus call
+1. ``register()`` with the switch off, in fresh interpreters: import plus call
    time, and which heavy modules (``vllm``, ``torch``, ``transformers``) the
    entry point pulled in (it must pull in none). Once in a bare interpreter,
    where the import also loads ``logging``, and once with the standard-library
@@ -91,7 +91,7 @@ def _probe(code: str, env: dict[str, str]) -> dict[str, Any]:
 
 
 def run_entry_point(repeats: int) -> dict[str, Any]:
-    print("\n== register() with the gate closed, fresh interpreters", flush=True)
+    print("\n== register() with the switch off, fresh interpreters", flush=True)
     return {
         "bare interpreter": _entry_point_runs(repeats, ""),
         "stdlib as in a vLLM process": _entry_point_runs(repeats, VLLM_PROCESS_STDLIB),
@@ -223,7 +223,7 @@ def main() -> int:
 
 
 def print_report(results: dict[str, Any]) -> None:
-    print("\nEntry point with the gate closed (fresh interpreters, ms, median (min-max)):")
+    print("\nEntry point with the switch off (fresh interpreters, ms, median (min-max)):")
     rows = []
     for context, entry in results["register_disabled"].items():
         timings = [

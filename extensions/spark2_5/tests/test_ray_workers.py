@@ -1,4 +1,4 @@
-"""The gate reaches every Ray actor vLLM starts for the engine, on a head started without it.
+"""The switch reaches every Ray actor vLLM starts for the engine, on a head started without it.
 
 vLLM's CPU build refuses Ray executors, so ``spark2_5_dev.ray_workers`` runs
 vLLM's own ``RayWorkerWrapper`` in real Ray actors and hands each one the
@@ -30,11 +30,11 @@ COPY_LIST_RULES = ("ray_executor", "dp_engine_actor")
 LIST = ENABLED_BUNDLES_ENVS[0]
 
 
-def workers(model, gate: dict[str, str], node: dict[str, str] = (), control=False) -> dict:
-    """One Ray head (started before the gate is set), one worker per rule: their reports."""
+def workers(model, switch: dict[str, str], node: dict[str, str] = (), control=False) -> dict:
+    """One Ray head (started before the switch is set), one worker per rule: their reports."""
     pytest.importorskip("ray")
     argv = [sys.executable, "-m", "spark2_5_dev.ray_workers", str(model)]
-    argv += [f"--gate={k}={v}" for k, v in gate.items()]
+    argv += [f"--switch={k}={v}" for k, v in switch.items()]
     argv += [f"--node={k}={v}" for k, v in dict(node).items()]
     argv += [f"--report={name}" for name in (ENABLE_ENV, LIST, RAY_EXTRA_ENV_VARS)]
     argv += ["--control"] if control else []
@@ -111,9 +111,9 @@ def test_under_the_manager_each_worker_gets_the_bundle_list_and_the_node_keeps_i
     spark_chat_model,
 ):
     """The manager's launch environment on the head; the node set the switch to 0 itself."""
-    gate = {ENABLE_ENV: "1", LIST: BUNDLE_ID, PLUGINS_ENV: "ascend,spark2_5"}
-    gate[RAY_EXTRA_ENV_VARS] = "OPERATORS_FLAG"
-    report = workers(spark_chat_model, gate, node={ENABLE_ENV: "0"})
+    launch = {ENABLE_ENV: "1", LIST: BUNDLE_ID, PLUGINS_ENV: "ascend,spark2_5"}
+    launch[RAY_EXTRA_ENV_VARS] = "OPERATORS_FLAG"
+    report = workers(spark_chat_model, launch, node={ENABLE_ENV: "0"})
     # The operator's own entries stay first; the carrier adds its variables after them.
     assert report["driver_copy_list"] == f"OPERATORS_FLAG,{ENABLE_ENV},{LIST}"
     for rule in report["rules"]:

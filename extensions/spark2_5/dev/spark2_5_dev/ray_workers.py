@@ -1,8 +1,8 @@
-"""vLLM's own Ray worker wrapper in Ray actors, on a Ray head started without the gate.
+"""vLLM's own Ray worker wrapper in Ray actors, on a Ray head started without the switch.
 
-``python -m spark2_5_dev.ray_workers MODEL --gate NAME=VALUE ...`` starts a local
-Ray head from this process while its environment holds no gate (the raylet, and
-every actor it starts, keeps that environment), then sets the gate here as the
+``python -m spark2_5_dev.ray_workers MODEL --switch NAME=VALUE ...`` starts a local
+Ray head from this process while its environment holds no switch (the raylet, and
+every actor it starts, keeps that environment), then sets the switch here as the
 shell that launches vLLM would, and loads vLLM's general plugins: the carrier,
 enabled, extends vLLM's copy list. For each rule by which the installed vLLM
 hands the driver's environment to Ray actors it starts one ``RayWorkerWrapper``
@@ -138,7 +138,7 @@ def _run_worker(rule: Callable, vllm_config: Any, names: list[str]) -> dict[str,
 
 
 def _workers(model: str, names: list[str], rules: list[str], control: bool) -> dict[str, Any]:
-    """Load the plugins here (the gate is set by now), then one worker per rule."""
+    """Load the plugins here (the switch is set by now), then one worker per rule."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.plugins import load_general_plugins
 
@@ -170,7 +170,9 @@ def _set(name: str, value: str | None) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
-    parser.add_argument("--gate", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument(
+        "--switch", action="append", default=[], metavar="NAME=VALUE", help="set once the head runs"
+    )
     parser.add_argument(
         "--node", action="append", default=[], metavar="NAME=VALUE", help="set on the Ray node"
     )
@@ -193,7 +195,7 @@ def main() -> None:
         _temp_dir=temp_dir,
     )
     try:
-        os.environ.update(item.split("=", 1) for item in args.gate)
+        os.environ.update(item.split("=", 1) for item in args.switch)
         print(json.dumps(_workers(args.model, args.report, args.rule, args.control)))
     finally:
         ray.shutdown()
