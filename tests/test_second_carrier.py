@@ -35,7 +35,9 @@ from vllm_hust_bundle_kit.switch import CarrierSwitch
 
 def _switch():
     return CarrierSwitch.from_bundle_package(
-        "demo_carrier.bundles.demo", carrier="demo_carrier:register", override_env="DEMO_CARRIER_OVERRIDE"
+        "demo_carrier.bundles.demo",
+        carrier="demo_carrier:register",
+        override_env="DEMO_CARRIER_OVERRIDE",
     )
 
 
