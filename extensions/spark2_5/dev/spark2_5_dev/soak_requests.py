@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark2_5_dev import fixture
+from spark2_5_dev import chat, fixture
 from spark2_5_dev.host_features import FORCED_CALL_REFUSAL, constrains_forced_calls
 
 # finish_reason, content, ((name, arguments), ...): what a client ends up with.
@@ -60,12 +60,8 @@ class Case:
         }
 
 
-def _conversation(name: str) -> fixture.Conversation:
-    return next(c for c in fixture.CONVERSATIONS if c.name == name)
-
-
 def _trained(kind: str, name: str, expected: Answer, stream: bool = False) -> Case:
-    conversation = _conversation(name)
+    conversation = chat.conversation(name)
     label = f"{name}-streamed" if stream else name
     return Case(kind, label, conversation.messages, conversation.tools, None, stream, expected)
 
