@@ -220,13 +220,13 @@ def parity_phase(
 ) -> dict[str, Any]:
     """Both models served eager and compiled, each against its reference."""
     from spark2_5_dev.checkpoints import read_config
-    from spark2_5_dev.hybrid import random_prompts
+    from spark2_5_dev.parity import prompts
 
     if dtype == "float32":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     paths = {"spark2_5": workdir / "checkpoint", "control": workdir / "control"}
-    batch = random_prompts(prompt_lengths, seed, read_config(paths["spark2_5"])["vocab_size"])
+    batch = prompts(seed, read_config(paths["spark2_5"])["vocab_size"], prompt_lengths)
     results = {}
     for model, path in paths.items():
         served = {mode: serve(path, dtype, batch, mode) for mode in MODES}

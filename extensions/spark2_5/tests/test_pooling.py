@@ -44,7 +44,7 @@ def test_classify_without_a_classifier_head_is_refused_by_name(offline):
 @pytest.mark.serve
 def test_served_embeddings_and_reranker_scores_match_the_reference(offline, carrier_enabled_server):
     workdir, result = offline
-    batch = pooling.prompts()
+    batch = pooling.PROMPTS
     embed = [*SERVE_ARGS, "--convert", "embed"]
     with carrier_enabled_server(workdir / "causal-lm", embed) as server:
         client = server.openai_client()
