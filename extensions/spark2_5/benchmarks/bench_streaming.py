@@ -42,7 +42,8 @@ import common
 
 from spark2_5_dev.checkpoints import write_tokenizer
 
-PACKAGE = "src/vllm_spark2_5_plugin"
+PACKAGE_NAME = "vllm_spark2_5_plugin"
+PACKAGE = f"src/{PACKAGE_NAME}"
 CALL = re.compile(r"<tool_call>([^\n<]*)\n(.*?)</tool_call>", re.DOTALL)
 PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\n<arg_value>(.*?)</arg_value>", re.DOTALL)
 
@@ -235,6 +236,9 @@ def child() -> None:
     args = cli.parse_args()
     if args.code is not None:
         sys.path.insert(0, str(args.code))
+        # common's dev helpers imported the tree's carrier: forget it, import the baseline.
+        for name in [name for name in sys.modules if name.split(".")[0] == PACKAGE_NAME]:
+            del sys.modules[name]
         import vllm_spark2_5_plugin
 
         if not Path(vllm_spark2_5_plugin.__file__).is_relative_to(args.code):
