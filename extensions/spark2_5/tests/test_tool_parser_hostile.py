@@ -140,7 +140,7 @@ def test_a_deeply_nested_schema_does_not_break_conversion():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("key", ["count", "ratio", "either", "options"])
 def test_a_long_almost_number_does_not_stall_the_parser(tokenizer, key):
-    """Not a speed measurement (bench_parser.py has those): the number regex
+    """Not a speed measurement (bench_streaming.py times the parser): the number regex
     once backtracked quadratically, 5 s at 10,000 digits, so 200,000 digits took about
     half an hour; linear conversion takes milliseconds. The timeout catches a hang."""
     value = "1" * 200_000 + "x"
