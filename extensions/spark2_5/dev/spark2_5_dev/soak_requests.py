@@ -18,6 +18,7 @@ from typing import Any
 
 from spark2_5_dev import chat, fixture
 from spark2_5_dev.host_features import FORCED_CALL_REFUSAL, constrains_forced_calls
+from spark2_5_dev.tool_parsing import compact
 
 # finish_reason, content, ((name, arguments), ...): what a client ends up with.
 Answer = tuple[str | None, str, tuple[tuple[str, str], ...]]
@@ -27,10 +28,6 @@ MAX_TOKENS = 120
 # Disconnecting clients ask for this many tokens, never stopping early, so every
 # one of them is still generating when it hangs up.
 DISCONNECT_MAX_TOKENS = 300
-
-
-def compact(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
