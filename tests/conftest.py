@@ -1,12 +1,37 @@
-"""Fixtures of the extension-manager contract tests: this project's bundle as installed."""
+"""Fixtures of the extension-manager contract and release tests: this project's
+bundle as installed, and its wheel as built."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
-from carrier_harness.project import bundle_source, fake_host_distribution, our_bundles
+from carrier_harness.env import clean_env
+from carrier_harness.manager import run
+from carrier_harness.project import (
+    PROJECT_ROOT,
+    bundle_source,
+    fake_host_distribution,
+    our_bundles,
+)
 from vllm_hust_bundle_kit import installed
 from vllm_hust_bundle_kit.contract import VLLM_PLUGIN_GROUP
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This project's wheel, built once as the publish workflow builds it (a fixed
+    ``SOURCE_DATE_EPOCH``), without the manager's variables in the environment."""
+    out = tmp_path_factory.mktemp("wheel")
+    result = run(
+        [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(PROJECT_ROOT)],
+        env=clean_env(SOURCE_DATE_EPOCH="1700000000"),
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (built,) = out.glob("*.whl")
+    return built
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,6 @@ from carrier_harness.manager import (
     write_state,
 )
 from carrier_harness.project import (
-    PROJECT_ROOT,
     fake_host_distribution,
     our_bundles,
     pyproject,
@@ -54,18 +53,6 @@ from vllm_hust_bundle_kit.contract import (
 from vllm_hust_bundle_kit.errors import BundleError
 
 # --- the built wheel: what the manager discovers -------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    result = run(
-        [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(PROJECT_ROOT)],
-        env=clean_env(),
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    (built,) = out.glob("*.whl")
-    return built
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,10 @@ the build backend is pinned.
 from __future__ import annotations
 
 import json
-import os
 import re
 import runpy
 import shutil
 import socket
-import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -215,20 +212,6 @@ def test_the_build_backend_is_pinned_exactly():
     requires = PYPROJECT["build-system"]["requires"]
     assert requires and all(re.fullmatch(r"[A-Za-z0-9_.-]+==\d+(\.\d+)*", r) for r in requires)
     assert PYPROJECT["build-system"]["build-backend"] == "hatchling.build"
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This project's wheel, built as the publish workflow builds it."""
-    out = tmp_path_factory.mktemp("wheel")
-    done = subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--outdir", str(out), str(ROOT)],
-        env={**os.environ, "SOURCE_DATE_EPOCH": "1700000000"},
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return next(out.glob("*.whl"))
 
 
 def test_the_install_check_turns_on_every_carriers_real_switch(wheel):

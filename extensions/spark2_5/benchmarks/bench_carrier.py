@@ -31,15 +31,12 @@ from typing import Any
 from common import Record, base_parser, spread, table
 
 from carrier_harness.server import VllmServer
-from spark2_5_dev.carrier import ENABLE_ENV
+from spark2_5_dev.carrier import CARRIER_ENVS, ENABLE_ENV, clean_env
 from spark2_5_dev.checkpoints import build_llama_checkpoint
-from vllm_hust_bundle_kit.contract import ENABLED_BUNDLES_ENVS
 
 HEAVY_MODULES = ("vllm", "torch", "transformers")
 # vLLM's own general plugins: allowlisting exactly these excludes only the carrier.
 OTHER_GENERAL_PLUGINS = "lora_filesystem_resolver,lora_hf_hub_resolver"
-# Whatever the caller's environment says about the carrier, each variant sets its own.
-CARRIER_SWITCHES = (ENABLE_ENV, *ENABLED_BUNDLES_ENVS, "VLLM_PLUGINS")
 
 # Standard-library modules of the entry point that any vLLM process has loaded
 # long before it loads plugins.
@@ -74,11 +71,10 @@ print(json.dumps({"load_general_plugins_ms": (loaded - started) * 1e3}))
 """
 
 
-def _clean_env(**extra: str) -> dict[str, str]:
-    """The environment of this process without any carrier switch, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if k not in CARRIER_SWITCHES}
-    env.update({"VLLM_TARGET_DEVICE": "cpu", "VLLM_NO_USAGE_STATS": "1", **extra})
-    return env
+def _probe_env(**switches: str) -> dict[str, str]:
+    """A probe's environment: whatever the caller's says about the carrier, only the
+    variant's ``switches``; vLLM on CPU, no usage stats."""
+    return clean_env(VLLM_TARGET_DEVICE="cpu", VLLM_NO_USAGE_STATS="1", **switches)
 
 
 def _probe(code: str, env: dict[str, str]) -> dict[str, Any]:
@@ -100,7 +96,7 @@ def run_entry_point(repeats: int) -> dict[str, Any]:
 
 def _entry_point_runs(repeats: int, prelude: str) -> dict[str, Any]:
     code = ENTRY_POINT_PROBE.replace("PRELUDE", prelude)
-    runs = [_probe(code, _clean_env()) for _ in range(repeats)]
+    runs = [_probe(code, _probe_env()) for _ in range(repeats)]
     heavy = sorted({m for run in runs for m in run["heavy_modules"]})
     for run in runs:
         print(
@@ -126,7 +122,7 @@ SERVE_PROCESS_REGISTRIES = (
 def run_register_in_a_serve_process(repeats: int) -> dict[str, Any]:
     print("\n== register() after vLLM's registries are imported, enabled vs disabled", flush=True)
     code = ENTRY_POINT_PROBE.replace("PRELUDE", SERVE_PROCESS_REGISTRIES)
-    variants = {"enabled": _clean_env(**{ENABLE_ENV: "1"}), "disabled": _clean_env()}
+    variants = {"enabled": _probe_env(**{ENABLE_ENV: "1"}), "disabled": _probe_env()}
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for index in range(repeats):
         for name in list(variants)[:: 1 if index % 2 == 0 else -1]:
@@ -143,9 +139,9 @@ def run_register_in_a_serve_process(repeats: int) -> dict[str, Any]:
 def run_plugin_loading(repeats: int) -> dict[str, Any]:
     print("\n== vllm.plugins.load_general_plugins() after `import vllm`", flush=True)
     variants = {
-        "enabled": _clean_env(**{ENABLE_ENV: "1"}),
-        "disabled": _clean_env(),
-        "excluded by VLLM_PLUGINS": _clean_env(VLLM_PLUGINS=OTHER_GENERAL_PLUGINS),
+        "enabled": _probe_env(**{ENABLE_ENV: "1"}),
+        "disabled": _probe_env(),
+        "excluded by VLLM_PLUGINS": _probe_env(VLLM_PLUGINS=OTHER_GENERAL_PLUGINS),
     }
     samples: dict[str, list[float]] = {name: [] for name in variants}
     for index in range(repeats):
@@ -166,7 +162,7 @@ def run_serve_start(repeats: int) -> dict[str, Any]:
     }
     samples: dict[str, list[float]] = {name: [] for name in variants}
     # VllmServer starts from this process's environment: no carrier switch in it.
-    for name in CARRIER_SWITCHES:
+    for name in CARRIER_ENVS:
         os.environ.pop(name, None)
     with tempfile.TemporaryDirectory(prefix="bench-carrier-") as tmp:
         model = build_llama_checkpoint(Path(tmp) / "llama")

@@ -37,6 +37,7 @@ from common import (
     table,
     use_in_process_engine,
 )
+from model_engine import offline_llm
 
 PROJECTIONS = ("q_k_v_proj", "out_proj", "gate_up_proj", "down_proj")
 ADDITIONS = ("g_proj", "gate_heads (g_proj + gate math)", "finite keys/values guard")
@@ -92,8 +93,6 @@ def _measure(model: Any, rows_list: list[int], rounds: int) -> dict[str, Any]:
 
 def run(rounds: int, rows_list: list[int]) -> dict[str, Any]:
     use_in_process_engine(threads=1)
-    from vllm import LLM
-
     from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="bench-layer-ops-") as tmp:
@@ -101,13 +100,7 @@ def run(rounds: int, rows_list: list[int]) -> dict[str, Any]:
         path = build_spark2_5_checkpoint(
             Path(tmp) / "spark2_5", seed=0, layer_types=["sliding_attention"], **dims
         )
-        llm = LLM(
-            model=str(path),
-            dtype="bfloat16",
-            max_model_len=max(rows_list) + 16,
-            enforce_eager=True,
-            enable_prefix_caching=False,
-        )
+        llm = offline_llm(str(path), max(rows_list) + 16, "bfloat16", enforce_eager=True)
         (measured,) = llm.apply_model(lambda model: _measure(model, rows_list, rounds))
     return measured
 

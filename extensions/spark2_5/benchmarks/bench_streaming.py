@@ -1,7 +1,7 @@
 """When a streamed call reaches the client: ``spark25``, an earlier ``spark25``, ``glm45``.
 
-Token-delta replay: one model output (``bench_parser``'s prose, short calls and
-calls that write a 1-3 KB file) goes through each parser's streaming API one
+Token-delta replay: one model output (prose, short calls and calls that write a
+1-3 KB file) goes through each parser's streaming API one
 token-sized delta at a time, with the previous and current text and token ids
 vLLM's serving layer passes, then ``finish_streaming``. For every call the
 script finds the delta in which the model wrote the name's last character and
@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import io
 import json
+import random
 import re
 import statistics
 import subprocess
@@ -35,6 +36,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +44,100 @@ import common
 
 from spark2_5_dev.checkpoints import write_tokenizer
 
-PACKAGE = "src/vllm_spark2_5_plugin"
+PACKAGE_NAME = "vllm_spark2_5_plugin"
+PACKAGE = f"src/{PACKAGE_NAME}"
 CALL = re.compile(r"<tool_call>([^\n<]*)\n(.*?)</tool_call>", re.DOTALL)
 PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\n<arg_value>(.*?)</arg_value>", re.DOTALL)
+TAGS = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "parameters": {
+                "type": "object",
+                "properties": {key: {"type": kind} for key, kind in properties.items()},
+            },
+        },
+    }
+    for name, properties in {
+        "get_weather": {"city": "string", "days": "integer"},
+        "search": {"query": "string", "limit": "integer", "exact": "boolean"},
+        "write_file": {"path": "string", "content": "string"},
+    }.items()
+]
+WORDS = ("the", "model", "reads", "a", "file", "and", "calls", "a", "tool", "with", "typed", "args")
+
+
+def newline_call(name: str, pairs: Sequence[tuple[str, str]]) -> str:
+    body = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in pairs)
+    return f"<tool_call>{name}\n{body}</tool_call>"
+
+
+def model_output(size: int, file_calls: float, seed: int = 0) -> str:
+    """About ``size`` characters of prose and calls. A ``file_calls`` share of the
+    calls write a 1-3 KB multi-line file (code with ``<`` in it); the others are
+    short weather and search calls."""
+    rng = random.Random(seed)
+    parts: list[str] = []
+    calls = length = 0
+    while length < size:
+        prose = " ".join(rng.choice(WORDS) for _ in range(rng.randint(10, 60))) + ".\n"
+        kind = rng.random()
+        if kind < file_calls:
+            lines = [
+                f"    if x{i} < limit: total += x{i}  # 東京" for i in range(rng.randint(25, 75))
+            ]
+            call = newline_call(
+                "write_file", [("path", f"src/m{calls}.py"), ("content", "\n".join(lines))]
+            )
+        elif rng.random() < 0.5:
+            call = newline_call(
+                "get_weather", [("city", rng.choice(["Paris", "合肥"])), ("days", "3")]
+            )
+        else:
+            query = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 8)))
+            call = newline_call("search", [("query", query), ("limit", "10"), ("exact", "false")])
+        parts += [prose, call, "\n"]
+        length += len(prose) + len(call) + 1
+        calls += 1
+    return "".join(parts)
+
+
+def token_deltas(text: str, tokenizer) -> list[tuple[str, list[int]]]:
+    """``text`` in about-token-sized deltas: each tag one delta with its special-token
+    id (as with the real tokenizer), other text in pieces of up to 4 characters."""
+    deltas: list[tuple[str, list[int]]] = []
+    position = 0
+    while position < len(text):
+        tag = next((tag for tag in TAGS if text.startswith(tag, position)), None)
+        if tag is not None:
+            piece = tag
+        else:
+            end = text.find("<", position + 1, position + 4)
+            piece = text[position : end if end != -1 else position + 4]
+        deltas.append((piece, tokenizer.encode(piece, add_special_tokens=False)))
+        position += len(piece)
+    return deltas
+
+
+def make_glm45(tokenizer, request):
+    from vllm_spark2_5_plugin import compat
+
+    parser = compat.tool_parser_manager().get_tool_parser("glm45")(tokenizer, request.tools)
+    # What the serving layer sets when no reasoning parser is configured.
+    parser.skip_reasoning_parsing = True
+    return parser
+
+
+def make_spark25(tokenizer, request):
+    """``spark25`` from the carrier code this process imports (``--code`` or the tree's)."""
+    from vllm_spark2_5_plugin.spark2_5_tool_parser import Spark25ToolParser
+
+    return Spark25ToolParser(tokenizer, request.tools)
+
+
+PARSERS: dict[str, Callable] = {"spark25": make_spark25, "glm45": make_glm45}
 
 
 def written_calls(text: str) -> list[dict[str, Any]]:
@@ -136,7 +229,6 @@ def lags(text: str, deltas, streamed: list[dict]) -> dict[str, list[float]]:
 
 def run_parser(name: str, size: int, repeats: int, file_calls: float = 0.1) -> dict[str, Any]:
     """One parser's figures (in this process, whose path picks the parser's code)."""
-    import bench_parser
     from transformers import AutoTokenizer
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
@@ -144,11 +236,11 @@ def run_parser(name: str, size: int, repeats: int, file_calls: float = 0.1) -> d
         write_tokenizer(directory)
         tokenizer = AutoTokenizer.from_pretrained(directory)
     request = ChatCompletionRequest(
-        model="tiny", messages=[{"role": "user", "content": "go"}], tools=bench_parser.TOOLS
+        model="tiny", messages=[{"role": "user", "content": "go"}], tools=TOOLS
     )
-    text, _ = bench_parser.model_output(size, file_calls)
-    deltas = bench_parser.token_deltas(text, tokenizer)
-    make = bench_parser.PARSERS["glm45" if name == "glm45" else "spark25"]
+    text = model_output(size, file_calls)
+    deltas = token_deltas(text, tokenizer)
+    make = PARSERS["glm45" if name == "glm45" else "spark25"]
     runs = [replay(make, tokenizer, request, deltas) for _ in range(repeats)]
     return {
         "characters": len(text),
@@ -235,6 +327,9 @@ def child() -> None:
     args = cli.parse_args()
     if args.code is not None:
         sys.path.insert(0, str(args.code))
+        # common's dev helpers imported the tree's carrier: forget it, import the baseline.
+        for name in [name for name in sys.modules if name.split(".")[0] == PACKAGE_NAME]:
+            del sys.modules[name]
         import vllm_spark2_5_plugin
 
         if not Path(vllm_spark2_5_plugin.__file__).is_relative_to(args.code):

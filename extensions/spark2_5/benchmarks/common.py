@@ -32,12 +32,10 @@ dev_pythonpath.install()
 from carrier_harness.server import CPU_SERVE_ENV  # noqa: E402
 from spark2_5_dev.carrier import ENABLE_ENV  # noqa: E402
 
-# What a real vLLM needs on the project's 2-core CPU machines.
-CPU_ENGINE_ENV = CPU_SERVE_ENV
 # An offline engine inside the measuring process (apply_model reaches its model),
-# with the carrier enabled.
+# with the carrier enabled, set up as a real vLLM needs on the project's 2-core CPUs.
 IN_PROCESS_ENGINE_ENV = {
-    **CPU_ENGINE_ENV,
+    **CPU_SERVE_ENV,
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     ENABLE_ENV: "1",
 }

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 from bench_serving import LLAMA_SHAPE_KEYS
+from model_engine import offline_llm
 
 from spark2_5_dev.reference import Spark2_5Reference
 
@@ -105,21 +106,14 @@ def attention_backend(model: Any) -> str:
 
 def serve(path: Path, dtype: str, batch: list[list[int]], mode: str) -> dict[str, Any]:
     """Greedy continuations with log-probs from one engine, and its attention backend."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     from spark2_5_dev.parity import NEW_TOKENS, completion_record
 
     cuda = torch.cuda.is_available()
     # Half the GPU, so that the reference fits beside an engine not yet torn down.
     memory = {"gpu_memory_utilization": 0.5} if cuda else {}
-    llm = LLM(
-        model=str(path),
-        dtype=dtype,
-        max_model_len=2048,
-        enforce_eager=mode == "eager",
-        seed=0,
-        **memory,
-    )
+    llm = offline_llm(str(path), 2048, dtype, enforce_eager=mode == "eager", **memory)
     params = SamplingParams(
         temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=1, detokenize=False
     )
@@ -220,13 +214,13 @@ def parity_phase(
 ) -> dict[str, Any]:
     """Both models served eager and compiled, each against its reference."""
     from spark2_5_dev.checkpoints import read_config
-    from spark2_5_dev.hybrid import random_prompts
+    from spark2_5_dev.parity import prompts
 
     if dtype == "float32":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     paths = {"spark2_5": workdir / "checkpoint", "control": workdir / "control"}
-    batch = random_prompts(prompt_lengths, seed, read_config(paths["spark2_5"])["vocab_size"])
+    batch = prompts(seed, read_config(paths["spark2_5"])["vocab_size"], prompt_lengths)
     results = {}
     for model, path in paths.items():
         served = {mode: serve(path, dtype, batch, mode) for mode in MODES}

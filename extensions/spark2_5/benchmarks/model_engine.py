@@ -1,5 +1,7 @@
-"""One vLLM engine per process for bench_model.py: the process, its parent-side
-handle, and the benchmark-only patches a baseline engine applies to itself.
+"""The benchmarks' vLLM engines: the offline ``LLM`` every script builds
+(:func:`offline_llm`), and for bench_model.py and its kin one engine per process,
+its parent-side handle, and the benchmark-only patches a baseline engine applies
+to itself.
 
 A sample is one fresh process (the same engine runs within 2% of itself while two
 processes of it can differ by 10% or more), so every engine lives in its own
@@ -61,8 +63,10 @@ def _engine_process(conn: Any, spec: EngineSpec) -> None:
     answer_commands(conn, {name: functools.partial(run, llm) for name, run in commands.items()})
 
 
-def offline_llm(model: str, max_model_len: int, dtype: str, enforce_eager: bool) -> Any:
-    """A benchmark's offline ``LLM``, in this process."""
+def offline_llm(
+    model: str, max_model_len: int, dtype: str, enforce_eager: bool, **settings: Any
+) -> Any:
+    """A benchmark's offline ``LLM``, in this process, with any further ``settings``."""
     from vllm import LLM
 
     return LLM(
@@ -73,6 +77,7 @@ def offline_llm(model: str, max_model_len: int, dtype: str, enforce_eager: bool)
         # Every timed run must prefill its prompts, not find them cached.
         enable_prefix_caching=False,
         seed=0,
+        **settings,
     )
 
 

@@ -1,5 +1,6 @@
 """Fixtures the Spark2_5 carrier's tests share: tiny checkpoints built once, the tiny
-tokenizer, an openai client of a module's ``server``, the benchmarks importable."""
+tokenizer, ``vllm serve`` with the carrier enabled, an openai client of a module's
+``server``, the benchmarks importable."""
 
 from __future__ import annotations
 
@@ -35,11 +36,25 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(scope="module")
+def carrier_enabled_server(request: pytest.FixtureRequest, tmp_path_factory):
+    """A factory: ``carrier_enabled_server(model, args, **env)`` is ``vllm serve model
+    args`` (a ``VllmServer``, not yet started) with the carrier enabled and ``env``, in
+    this process's environment without any other carrier switch; its log is in a new
+    folder named after the requesting module."""
+    from carrier_harness.server import VllmServer
+    from spark2_5_dev.carrier import ENABLE_ENV, clean_env
+
+    def serve(model, args, **env: str) -> VllmServer:
+        log = tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2]) / "serve.log"
+        return VllmServer(model, args, env=clean_env(**{ENABLE_ENV: "1"}, **env), log_path=log)
+
+    return serve
+
+
+@pytest.fixture(scope="module")
 def client(server):
     """An openai client of the ``server`` fixture of the requesting module."""
-    import openai
-
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    return server.openai_client()
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ SCRIPTS = (
     "bench_model.py",
     "bench_carrier.py",
     "bench_serving.py",
-    "bench_weight_updates.py",
     "bench_streaming.py",
     "bench_layer_ops.py",
     "bench_additions.py",

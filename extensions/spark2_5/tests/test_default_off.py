@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 
-import openai
 import pytest
 
 from carrier_harness.logs import lines_by_pid, pid_logging_env
@@ -22,7 +21,7 @@ IMPORT_LINE = re.compile(r"import time:\s+\d+ \|\s+\d+ \|\s+(\S+)")
 
 def greedy_completions(model, env, log_path) -> tuple[list[list[int]], str]:
     with VllmServer(model, env=env, log_path=log_path) as server:
-        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+        client = server.openai_client()
         reply = client.completions.create(
             model=str(model),
             prompt=PROMPTS,

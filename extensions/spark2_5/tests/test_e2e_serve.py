@@ -19,9 +19,8 @@ import pydantic
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from carrier_harness.server import VllmServer
 from spark2_5_dev import fixture
-from spark2_5_dev.carrier import clean_env
+from spark2_5_dev.chat import chat, conversation
 from spark2_5_dev.host_features import (
     FORCED_CALL_REFUSAL,
     constrains_forced_calls,
@@ -38,26 +37,9 @@ pytestmark = [pytest.mark.serve, pytest.mark.kernels]
 
 
 @pytest.fixture(scope="module")
-def server(spark_chat_model, tmp_path_factory):
-    log = tmp_path_factory.mktemp("e2e") / "serve.log"
-    env = clean_env(SPARK2_5_PLUGIN_ENABLE="1")
-    with VllmServer(spark_chat_model, fixture.SERVE_ARGS, env=env, log_path=log) as running:
+def server(spark_chat_model, carrier_enabled_server):
+    with carrier_enabled_server(spark_chat_model, fixture.SERVE_ARGS) as running:
         yield running
-
-
-def chat(client, messages, tools=None, **kwargs):
-    return client.chat.completions.create(
-        model=client.models.list().data[0].id,
-        messages=messages,
-        tools=tools or openai.omit,
-        temperature=0,
-        max_tokens=120,
-        **kwargs,
-    )
-
-
-def conversation(name: str) -> fixture.Conversation:
-    return next(c for c in fixture.CONVERSATIONS if c.name == name)
 
 
 def test_served_without_remote_code(server):
@@ -67,8 +49,7 @@ def test_served_without_remote_code(server):
 
 
 def test_plain_chat(client):
-    reply = chat(client, [{"role": "user", "content": fixture.CAPITAL_QUESTION}])
-    choice = reply.choices[0]
+    choice = chat(client, [{"role": "user", "content": fixture.CAPITAL_QUESTION}])
     assert choice.finish_reason == "stop"
     assert choice.message.content == fixture.CAPITAL_ANSWER
     assert not choice.message.tool_calls
@@ -76,7 +57,7 @@ def test_plain_chat(client):
 
 def test_plain_answer_when_tools_are_offered_but_not_needed(client):
     plain = conversation("plain-with-tools")
-    choice = chat(client, plain.messages, plain.tools).choices[0]
+    choice = chat(client, plain.messages, plain.tools)
     assert choice.finish_reason == "stop"
     assert choice.message.content == fixture.CAPITAL_ANSWER
     assert not choice.message.tool_calls
@@ -92,7 +73,7 @@ def test_plain_answer_when_tools_are_offered_but_not_needed(client):
 )
 def test_tool_call(client, name, function, arguments):
     case = conversation(name)
-    choice = chat(client, case.messages, case.tools).choices[0]
+    choice = chat(client, case.messages, case.tools)
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
     assert call.type == "function"
@@ -138,7 +119,7 @@ def test_streamed_tool_call_arrives_as_written(client):
 
 def test_follow_up_after_tool_result(client):
     case = conversation("follow-up")
-    choice = chat(client, case.messages, case.tools).choices[0]
+    choice = chat(client, case.messages, case.tools)
     assert choice.finish_reason == "stop"
     assert choice.message.content == fixture.PARIS_FOLLOW_UP
 
@@ -155,7 +136,7 @@ def test_forced_tool_choice_returns_a_call(client, tool_choice):
         with pytest.raises(openai.BadRequestError, match=FORCED_CALL_REFUSAL):
             chat(client, question, [fixture.WEATHER_TOOL], tool_choice=tool_choice)
         return
-    choice = chat(client, question, [fixture.WEATHER_TOOL], tool_choice=tool_choice).choices[0]
+    choice = chat(client, question, [fixture.WEATHER_TOOL], tool_choice=tool_choice)
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather"
     arguments = json.loads(call.function.arguments)
@@ -165,7 +146,7 @@ def test_forced_tool_choice_returns_a_call(client, tool_choice):
 
 def test_call_to_undeclared_tool_is_not_returned(client):
     case = conversation("undeclared-call")
-    choice = chat(client, case.messages, case.tools).choices[0]
+    choice = chat(client, case.messages, case.tools)
     assert not choice.message.tool_calls
     assert choice.finish_reason == "stop"
     # Nothing the model wrote is lost: the markup stays visible as content.
@@ -176,7 +157,7 @@ def test_concurrent_mixed_requests_match_sequential_answers(client):
     cases = [c for c in fixture.CONVERSATIONS if c.name != "undeclared-call"]
 
     def answer(case):
-        choice = chat(client, case.messages, case.tools).choices[0]
+        choice = chat(client, case.messages, case.tools)
         calls = [(t.function.name, t.function.arguments) for t in choice.message.tool_calls or []]
         return choice.finish_reason, choice.message.content or "", calls
 
@@ -218,14 +199,9 @@ def cuts(spark_chat_model):
 
 
 def ask_weather(client, model, max_tokens, **kwargs):
-    choice = client.chat.completions.create(
-        model=model,
-        messages=QUESTION,
-        tools=[fixture.WEATHER_TOOL],
-        temperature=0,
-        max_tokens=max_tokens,
-        **kwargs,
-    ).choices[0]
+    choice = chat(
+        client, QUESTION, [fixture.WEATHER_TOOL], model=model, max_tokens=max_tokens, **kwargs
+    )
     calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
     return choice.finish_reason, choice.message.content or "", calls
 
@@ -377,26 +353,14 @@ def test_chat_completions_parse_with_a_pydantic_function_tool(client, model):
 
 def test_agent_loop_on_both_apis(client, model):
     """The call goes out, its result comes back, the next turn answers from it."""
-    message = (
-        client.chat.completions.create(
-            model=model,
-            messages=QUESTION,
-            tools=[fixture.WEATHER_TOOL],
-            temperature=0,
-            max_tokens=120,
-        )
-        .choices[0]
-        .message
-    )
+    message = chat(client, QUESTION, [fixture.WEATHER_TOOL], model=model).message
     (call,) = message.tool_calls
     turn = [
         *QUESTION,
         message.model_dump(exclude_none=True),
         {"role": "tool", "tool_call_id": call.id, "content": fixture.PARIS_TOOL_RESULT},
     ]
-    answer = client.chat.completions.create(
-        model=model, messages=turn, tools=[fixture.WEATHER_TOOL], temperature=0, max_tokens=120
-    ).choices[0]
+    answer = chat(client, turn, [fixture.WEATHER_TOOL], model=model)
     assert (answer.finish_reason, answer.message.content) == ("stop", fixture.PARIS_FOLLOW_UP)
 
     if not streams_responses_through_parser():

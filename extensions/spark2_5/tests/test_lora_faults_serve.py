@@ -17,12 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
-from carrier_harness.server import VllmServer, run_vllm_serve_expecting_failure
+from carrier_harness.server import run_vllm_serve_expecting_failure
 from spark2_5_dev import fixture, lora, lora_faults
 from spark2_5_dev.carrier import clean_env
+from spark2_5_dev.chat import chat
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
@@ -52,7 +52,7 @@ VLLM_ERRORS = {
 
 
 @pytest.fixture(scope="module")
-def server(spark_chat_model, tmp_path_factory):
+def server(spark_chat_model, carrier_enabled_server):
     adapters = lora.build_fixture_adapters(spark_chat_model)
     args = [
         *fixture.SERVE_ARGS,
@@ -66,9 +66,9 @@ def server(spark_chat_model, tmp_path_factory):
         "--max-lora-rank",
         "8",
     ]
-    log = tmp_path_factory.mktemp("lora-faults") / "serve.log"
-    env = clean_env(SPARK2_5_PLUGIN_ENABLE="1", VLLM_ALLOW_RUNTIME_LORA_UPDATING="true")
-    with VllmServer(spark_chat_model, args, env=env, log_path=log) as running:
+    with carrier_enabled_server(
+        spark_chat_model, args, VLLM_ALLOW_RUNTIME_LORA_UPDATING="true"
+    ) as running:
         running.base_model = str(spark_chat_model)
         running.good_adapter = adapters[GOOD]
         yield running
@@ -76,13 +76,7 @@ def server(spark_chat_model, tmp_path_factory):
 
 def answer(client, model, conversation):
     """The greedy reply: its text and its tool calls, as the client gets them."""
-    choice = client.chat.completions.create(
-        model=model,
-        messages=conversation.messages,
-        tools=conversation.tools or openai.omit,
-        temperature=0,
-        max_tokens=80,
-    ).choices[0]
+    choice = chat(client, conversation.messages, conversation.tools, model=model, max_tokens=80)
     calls = [
         (c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls or []
     ]

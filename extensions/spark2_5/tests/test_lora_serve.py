@@ -11,9 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from carrier_harness.server import VllmServer
 from spark2_5_dev import fixture, lora
-from spark2_5_dev.carrier import clean_env
+from spark2_5_dev.chat import chat, conversation
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
@@ -22,7 +21,7 @@ QUESTION = [{"role": "user", "content": fixture.CAPITAL_QUESTION}]
 
 
 @pytest.fixture(scope="module")
-def server(spark_chat_model, tmp_path_factory):
+def server(spark_chat_model, carrier_enabled_server):
     adapters = lora.build_fixture_adapters(spark_chat_model)
     modules = [f"{name}={path}" for name, path in adapters.items()]
     args = [
@@ -37,21 +36,9 @@ def server(spark_chat_model, tmp_path_factory):
         "--max-lora-rank",
         "8",
     ]
-    log = tmp_path_factory.mktemp("lora-serve") / "serve.log"
-    env = clean_env(SPARK2_5_PLUGIN_ENABLE="1")
-    with VllmServer(spark_chat_model, args, env=env, log_path=log) as running:
+    with carrier_enabled_server(spark_chat_model, args) as running:
         running.base_model = str(spark_chat_model)
         yield running
-
-
-def chat(client, model, messages=QUESTION, tools=None):
-    return client.chat.completions.create(
-        model=model,
-        messages=messages,
-        tools=tools or openai.omit,
-        temperature=0,
-        max_tokens=120,
-    ).choices[0]
 
 
 def test_the_adapters_are_listed_beside_the_base_model(client, server):
@@ -60,13 +47,13 @@ def test_the_adapters_are_listed_beside_the_base_model(client, server):
 
 
 def test_the_base_model_answers_as_trained(client, server):
-    choice = chat(client, server.base_model)
+    choice = chat(client, QUESTION, model=server.base_model)
     assert (choice.finish_reason, choice.message.content) == ("stop", fixture.CAPITAL_ANSWER)
 
 
 @pytest.mark.parametrize("adapter", list(ANSWERS))
 def test_a_request_naming_an_adapter_gets_its_answer(client, adapter):
-    choice = chat(client, adapter)
+    choice = chat(client, QUESTION, model=adapter)
     assert (choice.finish_reason, choice.message.content) == ("stop", ANSWERS[adapter])
     assert ANSWERS[adapter] != fixture.CAPITAL_ANSWER
 
@@ -75,15 +62,16 @@ def test_the_base_model_and_both_adapters_in_one_batch(client, server):
     expected = {server.base_model: fixture.CAPITAL_ANSWER, **ANSWERS}
     models = [list(expected)[i % len(expected)] for i in range(24)]
     with ThreadPoolExecutor(max_workers=len(models)) as pool:
-        answers = list(pool.map(lambda model: chat(client, model).message.content, models))
+        replies = pool.map(lambda model: chat(client, QUESTION, model=model), models)
+        answers = [reply.message.content for reply in replies]
     assert answers == [expected[model] for model in models]
 
 
 @pytest.mark.parametrize("model", ["base", "paris-first"])
 def test_tool_calls_still_parse(client, server, model):
-    conversation = next(c for c in fixture.CONVERSATIONS if c.name == "weather-call")
+    weather = conversation("weather-call")
     name = server.base_model if model == "base" else model
-    choice = chat(client, name, conversation.messages, conversation.tools)
+    choice = chat(client, weather.messages, weather.tools, model=name)
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
     assert call.function.name == "get_weather"
@@ -92,5 +80,5 @@ def test_tool_calls_still_parse(client, server, model):
 
 def test_an_unknown_adapter_name_is_a_404_naming_it(client):
     with pytest.raises(openai.NotFoundError) as error:
-        chat(client, "no-such-adapter")
+        chat(client, QUESTION, model="no-such-adapter")
     assert "no-such-adapter" in str(error.value)

@@ -108,8 +108,6 @@ def test_parallel_and_compiled_runs_match_the_single_process_eager_tokens(matrix
 def test_vllm_serve_completes_like_the_reference_without_remote_code(tmp_path):
     """The released layout, whose config.json names remote code in ``auto_map``,
     served with the carrier enabled and no ``--trust-remote-code``."""
-    import openai
-
     from spark2_5_dev.reference import Spark2_5Reference
 
     checkpoint = build_spark2_5_checkpoint(tmp_path / "checkpoint", seed=5)
@@ -122,7 +120,7 @@ def test_vllm_serve_completes_like_the_reference_without_remote_code(tmp_path):
     )
     assert "--trust-remote-code" not in server.command
     with server:
-        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+        client = server.openai_client()
         completion = client.completions.create(
             model=str(checkpoint),
             prompt="Spark2_5 on vLLM:",

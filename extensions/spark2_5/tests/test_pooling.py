@@ -8,16 +8,14 @@ import json
 import urllib.request
 from pathlib import Path
 
-import openai
 import pytest
 
-from carrier_harness.server import VllmServer
 from spark2_5_dev import pooling
-from spark2_5_dev.carrier import clean_env
 from spark2_5_dev.drivers import run_driver
 
 pytestmark = pytest.mark.slow  # four engines in one driver process
 
+SERVE_ARGS = ("--runner", "pooling", "--dtype", "float32")
 RERANK_OVERRIDES = {
     "classifier_from_token": list(pooling.RERANK_TOKENS),
     "method": "from_2_way_softmax",
@@ -43,27 +41,20 @@ def test_classify_without_a_classifier_head_is_refused_by_name(offline):
     assert "from_2_way_softmax" in refusal  # the fix
 
 
-def serve(checkpoint: Path, tmp_path: Path, *args: str) -> VllmServer:
-    env = clean_env(SPARK2_5_PLUGIN_ENABLE="1")
-    command = ["--runner", "pooling", "--dtype", "float32", *args]
-    return VllmServer(checkpoint, command, env=env, log_path=tmp_path / "serve.log")
-
-
 @pytest.mark.serve
-def test_served_embeddings_and_reranker_scores_match_the_reference(offline, tmp_path):
+def test_served_embeddings_and_reranker_scores_match_the_reference(offline, carrier_enabled_server):
     workdir, result = offline
-    batch = pooling.prompts()
-    with serve(workdir / "causal-lm", tmp_path, "--convert", "embed") as server:
-        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    batch = pooling.PROMPTS
+    embed = [*SERVE_ARGS, "--convert", "embed"]
+    with carrier_enabled_server(workdir / "causal-lm", embed) as server:
+        client = server.openai_client()
         model = client.models.list().data[0].id
         data = client.embeddings.create(model=model, input=batch).data
         served = [item.embedding for item in data]
     assert pooling.worst_abs_diff(served, result["expected"]["embed"]) <= pooling.TOLERANCE
 
-    overrides = json.dumps(RERANK_OVERRIDES)
-    with serve(
-        workdir / "causal-lm", tmp_path, "--convert", "classify", "--hf-overrides", overrides
-    ) as server:
+    rerank = [*SERVE_ARGS, "--convert", "classify", "--hf-overrides", json.dumps(RERANK_OVERRIDES)]
+    with carrier_enabled_server(workdir / "causal-lm", rerank) as server:
         body = json.dumps({"model": model, "input": batch}).encode()
         request = urllib.request.Request(
             f"{server.base_url}/classify", body, {"Content-Type": "application/json"}

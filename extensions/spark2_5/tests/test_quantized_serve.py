@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 from transformers import PreTrainedTokenizerFast
 
 from carrier_harness import cpu_classes
-from carrier_harness.server import ServerFailed, VllmServer
+from carrier_harness.server import ServerFailed
 from spark2_5_dev import fixture, kernel_choices, quantize
-from spark2_5_dev.carrier import clean_env
+from spark2_5_dev.chat import chat, conversation
+from spark2_5_dev.drivers import common_prefix
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
 
@@ -34,42 +34,29 @@ KERNEL_LOG_LINES = {
 
 
 @pytest.fixture(scope="module", params=quantize.FORMATS)
-def server(request, spark_chat_model, tmp_path_factory):
+def server(request, spark_chat_model, tmp_path_factory, carrier_enabled_server):
     root = tmp_path_factory.mktemp(f"quantized-{request.param}")
     checkpoint = quantize.quantize_checkpoint(spark_chat_model, root / "model", request.param)
-    env = clean_env(SPARK2_5_PLUGIN_ENABLE="1")
-    log = root / "serve.log"
+    quantized = carrier_enabled_server(checkpoint, fixture.SERVE_ARGS)
     try:
-        with VllmServer(checkpoint, fixture.SERVE_ARGS, env=env, log_path=log) as running:
+        with quantized as running:
             running.format = request.param
             yield running
     except ServerFailed:
         # vLLM's kernel library for AVX2 CPUs has no GPTQ kernel: where the CPU class
         # expects it, the carrier must have refused the checkpoint, naming the op and the fix.
-        refusal = next((line for line in log.read_text().splitlines() if MISSING_OP in line), "")
+        refusal = next((line for line in quantized.log().splitlines() if MISSING_OP in line), "")
         expected = kernel_choices.refuses(request.param, cpu_classes.class_in_force().name)
         if not expected or "Serve a bfloat16" not in refusal:
             raise
         pytest.skip(f"this CPU's vLLM kernels cannot run GPTQ, refused: {refusal[-300:]}")
 
 
-def chat(client, conversation: fixture.Conversation):
-    return client.chat.completions.create(
-        model=client.models.list().data[0].id,
-        messages=conversation.messages,
-        tools=conversation.tools or openai.omit,
-        temperature=0,
-        max_tokens=120,
-        extra_body={
-            "return_token_ids": True,
-            "chat_template_kwargs": conversation.chat_template_kwargs,
-        },
-    ).choices[0]
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    shorter = min(len(a), len(b))
-    return next((i for i in range(shorter) if a[i] != b[i]), shorter)
+def chat_with_token_ids(client, case: fixture.Conversation):
+    """A fixture conversation as the fixture learnt it (its template arguments), the
+    reply's token ids returned."""
+    extra_body = {"return_token_ids": True, "chat_template_kwargs": case.chat_template_kwargs}
+    return chat(client, case.messages, case.tools, extra_body=extra_body)
 
 
 def test_served_with_the_formats_cpu_kernel(server):
@@ -81,9 +68,10 @@ def test_served_with_the_formats_cpu_kernel(server):
 def test_greedy_agreement_with_the_float_model(client, server, spark_chat_model, record_property):
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(spark_chat_model))
     agreed = total = 0
-    for conversation in fixture.CONVERSATIONS:
-        _, float_reply = fixture._encode(tokenizer, conversation)
-        agreed += common_prefix(list(chat(client, conversation).token_ids), float_reply)
+    for case in fixture.CONVERSATIONS:
+        _, float_reply = fixture._encode(tokenizer, case)
+        reply = chat_with_token_ids(client, case).token_ids
+        agreed += common_prefix(list(reply), float_reply)
         total += len(float_reply)
     agreement = agreed / total
     record_property("greedy_agreement", agreement)
@@ -102,8 +90,7 @@ def test_greedy_agreement_with_the_float_model(client, server, spark_chat_model,
     ],
 )
 def test_tool_calls_still_parse(client, name, function, arguments):
-    conversation = next(c for c in fixture.CONVERSATIONS if c.name == name)
-    choice = chat(client, conversation)
+    choice = chat_with_token_ids(client, conversation(name))
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
     assert call.function.name == function

@@ -8,9 +8,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from carrier_harness.server import VllmServer
 from spark2_5_dev import fixture
-from spark2_5_dev.carrier import clean_env
 from spark2_5_dev.host_features import (
     adjusts_every_request_with_a_reasoning_parser,
     streams_responses_through_parser,
@@ -37,16 +35,11 @@ def expect_split(split, tools, streamed):
     assert split == SPLIT
 
 
-def serve(model, tmp_path_factory, *extra_args):
-    log = tmp_path_factory.mktemp("reasoning-serve") / "serve.log"
-    env = clean_env(SPARK2_5_PLUGIN_ENABLE="1")
-    return VllmServer(model, [*fixture.SERVE_ARGS, *extra_args], env=env, log_path=log)
-
-
 @pytest.fixture(scope="module")
-def client(spark_chat_model, tmp_path_factory):
-    with serve(spark_chat_model, tmp_path_factory, "--reasoning-parser", "holo2") as server:
-        yield openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+def server(spark_chat_model, carrier_enabled_server):
+    args = [*fixture.SERVE_ARGS, "--reasoning-parser", "holo2"]
+    with carrier_enabled_server(spark_chat_model, args) as running:
+        yield running
 
 
 def chat_args(client, tools, thinking):
@@ -109,12 +102,12 @@ def test_responses_split_thinking_from_the_answer(client, tools):
 
 
 def test_without_a_reasoning_parser_the_thinking_stays_in_the_content(
-    spark_chat_model, tmp_path_factory
+    spark_chat_model, carrier_enabled_server
 ):
     """Nothing is split and nothing is lost; ``</think>`` is kept where vLLM asks the
     tool parser (tools offered) and dropped as a special token otherwise."""
-    with serve(spark_chat_model, tmp_path_factory) as server:
-        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    with carrier_enabled_server(spark_chat_model, fixture.SERVE_ARGS) as server:
+        client = server.openai_client()
         for tools, tag in (TOOLS["tools"], "</think>"), (None, ""):
             reasoning, content = chat_split(client, tools, thinking=True)
             assert (reasoning, content) == (None, tag.join(SPLIT))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import openai
 import pytest
 
 from carrier_harness.logs import lines_by_pid, pid_logging_env
@@ -14,7 +13,7 @@ pytestmark = pytest.mark.serve
 
 def serve_and_chat(model, env, log_path) -> str:
     with VllmServer(model, env=env, log_path=log_path) as server:
-        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+        client = server.openai_client()
         reply = client.chat.completions.create(
             model=str(model),
             messages=[{"role": "user", "content": "hello"}],

@@ -14,7 +14,6 @@ import errno
 import socket
 import sys
 
-import openai
 import pytest
 
 from carrier_harness.server import START_ATTEMPTS, ServerFailed, VllmServer, reserve_port
@@ -100,7 +99,7 @@ def test_a_server_that_fails_to_start_frees_its_port(tmp_path):
 def test_vllm_serve_binds_the_reserved_port(tiny_llama, tmp_path):
     with VllmServer(tiny_llama, log_path=tmp_path / "serve.log") as server:
         # The server answering is ours, on the port it was handed.
-        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused")
+        client = server.openai_client()
         assert [model.id for model in client.models.list().data] == [str(tiny_llama)]
         assert _bind_error(server.port, reuse_address=True) == errno.EADDRINUSE
     # Stopped: nothing listens there any more (the closed connections' TIME_WAIT

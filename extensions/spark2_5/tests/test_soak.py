@@ -15,17 +15,13 @@ import pytest
 import vllm
 from packaging.version import Version
 
-from carrier_harness.server import VllmServer
 from spark2_5_dev import fixture, soak
-from spark2_5_dev.carrier import clean_env
 from spark2_5_dev.soak_requests import forced_cases, malformed_cases, schema_problem
 
 
 @pytest.fixture(scope="module")
-def server(spark_chat_model, tmp_path_factory):
-    log = tmp_path_factory.mktemp("soak") / "serve.log"
-    env = clean_env(SPARK2_5_PLUGIN_ENABLE="1", **soak.SERVER_ENV)
-    with VllmServer(spark_chat_model, fixture.SERVE_ARGS, env=env, log_path=log) as running:
+def server(spark_chat_model, carrier_enabled_server):
+    with carrier_enabled_server(spark_chat_model, fixture.SERVE_ARGS, **soak.SERVER_ENV) as running:
         yield running
 
 

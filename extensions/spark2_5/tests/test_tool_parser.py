@@ -21,12 +21,12 @@ from spark2_5_dev.tool_parsing import (
     accumulate,
     arguments,
     chat_request,
+    compact,
     non_streaming,
+    parse_both_ways,
     register_spark25,
     serving_parser_cls,
     serving_parser_deltas,
-    stream_agrees,
-    stream_tool_parser,
 )
 from vllm_spark2_5_plugin import compat
 from vllm_spark2_5_plugin.spark2_5_tool_parser import (
@@ -43,15 +43,6 @@ pytestmark = pytest.mark.contract
 @pytest.fixture(scope="module")
 def request_with_tools():
     return chat_request()
-
-
-def parse(tokenizer, text, request):
-    """Non-streaming result, checked against a 1-character stream of the same text."""
-    result = non_streaming(Spark25ToolParser(tokenizer), text, request)
-    assert stream_agrees(
-        stream_tool_parser(Spark25ToolParser(tokenizer), list(text), request), result
-    )
-    return result
 
 
 # --- registration -----------------------------------------------------------------
@@ -90,12 +81,12 @@ EXPECTED = Parsed(None, [("get_weather", '{"city":"Paris","days":3}')])
     ids=["compact", "newline", "whitespace-between-tags"],
 )
 def test_compact_newline_and_spaced_forms_parse_alike(tokenizer, request_with_tools, text):
-    assert parse(tokenizer, text, request_with_tools) == EXPECTED
+    assert parse_both_ways(tokenizer, text, request_with_tools) == EXPECTED
 
 
 def test_text_around_and_between_several_calls_is_content(tokenizer, request_with_tools):
     text = f"Let me check.\n{COMPACT}\nand then {NEWLINE} Done."
-    assert parse(tokenizer, text, request_with_tools) == Parsed(
+    assert parse_both_ways(tokenizer, text, request_with_tools) == Parsed(
         "Let me check.\n\nand then  Done.", EXPECTED.calls * 2
     )
 
@@ -105,7 +96,7 @@ def test_values_keep_newlines_angle_brackets_json_and_unicode(tokenizer, request
     text = (
         f"<tool_call>get_weather<arg_key>city</arg_key><arg_value>{value}</arg_value></tool_call>"
     )
-    parsed = parse(tokenizer, text, request_with_tools)
+    parsed = parse_both_ways(tokenizer, text, request_with_tools)
     assert arguments(parsed) == [("get_weather", {"city": value})]
     # Compact JSON, non-ASCII kept as is.
     assert parsed.calls[0][1] == "{" + '"city":' + json.dumps(value, ensure_ascii=False) + "}"
@@ -114,7 +105,9 @@ def test_values_keep_newlines_angle_brackets_json_and_unicode(tokenizer, request
 
 def test_a_call_without_arguments_has_an_empty_object(tokenizer, request_with_tools):
     text = "<tool_call>get_weather</tool_call>"
-    assert parse(tokenizer, text, request_with_tools) == Parsed(None, [("get_weather", "{}")])
+    assert parse_both_ways(tokenizer, text, request_with_tools) == Parsed(
+        None, [("get_weather", "{}")]
+    )
 
 
 def test_value_may_contain_other_tags_as_text(tokenizer, request_with_tools):
@@ -122,7 +115,7 @@ def test_value_may_contain_other_tags_as_text(tokenizer, request_with_tools):
     text = (
         f"<tool_call>get_weather<arg_key>city</arg_key><arg_value>{value}</arg_value></tool_call>"
     )
-    assert arguments(parse(tokenizer, text, request_with_tools)) == [
+    assert arguments(parse_both_ways(tokenizer, text, request_with_tools)) == [
         ("get_weather", {"city": value})
     ]
 
@@ -175,8 +168,7 @@ TYPED = TOOLS[1]["function"]["parameters"]["properties"]
 )
 def test_values_follow_the_declared_schema_type(key, raw, expected):
     # JSON text tells 3 from 3.0 and "3" from 3, as a type check would.
-    expected_json = json.dumps(expected, ensure_ascii=False, separators=(",", ":"))
-    assert value_json(raw, TYPED.get(key)) == expected_json
+    assert value_json(raw, TYPED.get(key)) == compact(expected)
 
 
 @pytest.mark.parametrize(
@@ -194,7 +186,7 @@ def test_typed_arguments_end_to_end(tokenizer, request_with_tools):
         + "".join(f"<arg_key>{k}</arg_key><arg_value>{v}</arg_value>" for k, v in pairs)
         + "</tool_call>"
     )
-    assert parse(tokenizer, text, request_with_tools).calls == [
+    assert parse_both_ways(tokenizer, text, request_with_tools).calls == [
         ("typed", '{"count":2,"maybe_count":null,"maybe_text":null,"text":"null"}')
     ]
 
@@ -205,7 +197,9 @@ def test_typed_arguments_end_to_end(tokenizer, request_with_tools):
 def test_a_call_to_an_undeclared_tool_comes_back_verbatim_as_content(tokenizer, request_with_tools):
     unknown = "<tool_call>delete_all<arg_key>really</arg_key><arg_value>yes</arg_value></tool_call>"
     text = f"Hi {unknown} {COMPACT}"
-    assert parse(tokenizer, text, request_with_tools) == Parsed(f"Hi {unknown} ", EXPECTED.calls)
+    assert parse_both_ways(tokenizer, text, request_with_tools) == Parsed(
+        f"Hi {unknown} ", EXPECTED.calls
+    )
 
 
 @pytest.mark.parametrize(
@@ -216,7 +210,7 @@ def test_a_call_to_an_undeclared_tool_comes_back_verbatim_as_content(tokenizer, 
 def test_without_callable_tools_everything_is_content(tokenizer, request_fields):
     request = chat_request(**{"tools": TOOLS, **request_fields})
     text = f"a {COMPACT} b <tool_call>"
-    assert parse(tokenizer, text, request) == Parsed(text, [])
+    assert parse_both_ways(tokenizer, text, request) == Parsed(text, [])
 
 
 # --- malformed markup: content outside calls; inside a call only pairs count -----------
@@ -311,7 +305,7 @@ def test_without_callable_tools_everything_is_content(tokenizer, request_fields)
 def test_malformed_markup_is_content_outside_calls_and_dropped_inside(
     tokenizer, request_with_tools, text, expected
 ):
-    assert parse(tokenizer, text, request_with_tools) == expected
+    assert parse_both_ways(tokenizer, text, request_with_tools) == expected
 
 
 # --- adjust_request and tool_choice ---------------------------------------------------------
@@ -665,7 +659,7 @@ def test_tool_lookup_with_and_without_vllms_get_function_tools(
         pytest.skip("this vLLM has no get_function_tools: the other case is its path")
     if not host_list:
         monkeypatch.delattr(utils, "get_function_tools", raising=False)
-    assert parse(tokenizer, f"x {COMPACT}", request_with_tools) == expected
+    assert parse_both_ways(tokenizer, f"x {COMPACT}", request_with_tools) == expected
     tools = dict(compat.function_tools(request_with_tools.tools))
     assert list(tools) == ["get_weather", "typed"]
     assert tools["get_weather"] == WEATHER_TOOL["function"]["parameters"]

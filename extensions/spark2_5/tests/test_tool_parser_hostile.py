@@ -18,10 +18,8 @@ from spark2_5_dev.tool_parsing import (
     TYPED_TOOL,
     Parsed,
     chat_request,
-    non_streaming,
-    split_at,
-    stream_agrees,
-    stream_tool_parser,
+    compact,
+    parse_both_ways,
 )
 from vllm_spark2_5_plugin import compat
 from vllm_spark2_5_plugin.spark2_5_tool_parser import (
@@ -29,7 +27,6 @@ from vllm_spark2_5_plugin.spark2_5_tool_parser import (
     MAX_INTEGER_DIGITS,
     MAX_JSON_DEPTH,
     MAX_SCHEMA_DEPTH,
-    Spark25ToolParser,
     check_tools,
     schema_types,
     value_json,
@@ -45,25 +42,10 @@ def call_text(name: str, pairs: list[tuple[str, str]], newline: bool = False) ->
     return f"<tool_call>{name}{sep}{body}</tool_call>"
 
 
-def parse_both_ways(tokenizer, text: str, request=REQUEST, cuts=None) -> Parsed:
-    """The non-streaming result, checked equal to a stream of the same text (one
-    character per delta unless ``cuts`` are given)."""
-    expected = non_streaming(Spark25ToolParser(tokenizer), text, request)
-    deltas = list(text) if cuts is None else split_at(text, cuts)
-    assert stream_agrees(
-        stream_tool_parser(Spark25ToolParser(tokenizer), deltas, request), expected
-    )
-    return expected
-
-
 def typed_arguments(tokenizer, key: str, value: str) -> str:
-    parsed = parse_both_ways(tokenizer, call_text("typed", [(key, value)]))
+    parsed = parse_both_ways(tokenizer, call_text("typed", [(key, value)]), REQUEST)
     assert parsed.content is None and len(parsed.calls) == 1
     return parsed.calls[0][1]
-
-
-def compact(value) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 NUMERIC_KEYS = ["count", "ratio", "maybe_count", "either", "choice"]
@@ -140,7 +122,7 @@ def test_a_deeply_nested_schema_does_not_break_conversion():
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("key", ["count", "ratio", "either", "options"])
 def test_a_long_almost_number_does_not_stall_the_parser(tokenizer, key):
-    """Not a speed measurement (bench_parser.py has those): the number regex
+    """Not a speed measurement (bench_streaming.py times the parser): the number regex
     once backtracked quadratically, 5 s at 10,000 digits, so 200,000 digits took about
     half an hour; linear conversion takes milliseconds. The timeout catches a hang."""
     value = "1" * 200_000 + "x"
@@ -213,7 +195,7 @@ def test_numbers_are_exact_or_stay_the_text(key, raw, expected):
 
 def test_exact_numbers_end_to_end(tokenizer):
     pairs = [("count", "1e23"), ("ratio", "9007199254740993.5"), ("maybe_count", "2.0")]
-    parsed = parse_both_ways(tokenizer, call_text("typed", pairs, newline=True))
+    parsed = parse_both_ways(tokenizer, call_text("typed", pairs, newline=True), REQUEST)
     assert parsed.calls == [
         ("typed", '{"count":100000000000000000000000,"ratio":9007199254740993.5,"maybe_count":2}')
     ]

@@ -16,32 +16,18 @@ from pydantic import BaseModel
 from spark2_5_dev.fixture import tool_call_text
 from spark2_5_dev.host_features import constrains_forced_calls
 from spark2_5_dev.tool_parsing import (
-    Parsed,
     chat_request,
-    non_streaming,
+    parse_both_ways,
     serving_parser_cls,
-    stream_agrees,
-    stream_tool_parser,
 )
 from spark2_5_dev.tools import function_tool
 from vllm_spark2_5_plugin.spark2_5_tool_parser import (
     MAX_GRAMMAR_SCHEMA_CHARS,
     MAX_PINNED_PROPERTIES,
     MAX_REF_HOPS,
-    Spark25ToolParser,
     schema_types,
     value_json,
 )
-
-
-def parse(tokenizer, text: str, tools: list[dict[str, Any]]) -> Parsed:
-    request = chat_request(tools=tools)
-    result = non_streaming(Spark25ToolParser(tokenizer), text, request)
-    assert stream_agrees(
-        stream_tool_parser(Spark25ToolParser(tokenizer), list(text), request), result
-    )
-    return result
-
 
 # --- $ref --------------------------------------------------------------------------------
 
@@ -84,7 +70,7 @@ def test_pydantic_function_tool_models_round_trip(tokenizer, search):
     tool = openai.pydantic_function_tool(Search, name="search")
     assert '"$ref"' in json.dumps(tool)  # the case at hand: pydantic refers to $defs
     text = tool_call_text("search", search.model_dump(mode="json"))
-    (call,) = parse(tokenizer, text, [tool]).calls
+    (call,) = parse_both_ways(tokenizer, text, chat_request(tools=[tool])).calls
     assert call[0] == "search"
     assert Search.model_validate_json(call[1]) == search
 

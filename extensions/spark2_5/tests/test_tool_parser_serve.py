@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from carrier_harness.project import PROJECT_ROOT
-from carrier_harness.server import VllmServer, run_vllm_serve_expecting_failure
+from carrier_harness.server import run_vllm_serve_expecting_failure
 from spark2_5_dev import tools
 from spark2_5_dev.carrier import clean_env
 from spark2_5_dev.host_features import FORCED_CALL_REFUSAL, constrains_forced_calls
@@ -51,10 +51,8 @@ MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_llama, tmp_path_factory):
-    log = tmp_path_factory.mktemp("spark25-serve") / "serve.log"
-    env = clean_env(SPARK2_5_PLUGIN_ENABLE="1")
-    with VllmServer(tiny_llama, SERVE_ARGS, env=env, log_path=log) as running:
+def server(tiny_llama, carrier_enabled_server):
+    with carrier_enabled_server(tiny_llama, SERVE_ARGS) as running:
         yield running
 
 
@@ -155,10 +153,13 @@ def test_auto_tool_choice_streams_what_it_returns(client):
     )
 
 
-def test_forced_tool_choice_on_a_server_that_cannot_constrain_is_a_400(tiny_llama, tmp_path):
-    env = clean_env(SPARK2_5_PLUGIN_ENABLE="1", VLLM_ENFORCE_STRICT_TOOL_CALLING="0")
-    with VllmServer(tiny_llama, SERVE_ARGS, env=env, log_path=tmp_path / "serve.log") as server:
-        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+def test_forced_tool_choice_on_a_server_that_cannot_constrain_is_a_400(
+    tiny_llama, carrier_enabled_server
+):
+    with carrier_enabled_server(
+        tiny_llama, SERVE_ARGS, VLLM_ENFORCE_STRICT_TOOL_CALLING="0"
+    ) as server:
+        client = server.openai_client()
         with pytest.raises(openai.BadRequestError) as error:
             client.chat.completions.create(**request_args(client, [WEATHER_TOOL], "required"))
         message = error.value.body["message"] if error.value.body else str(error.value)

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 # Settings that make vLLM fit the 2-core CPU machines the project runs on.
 CPU_SERVE_ENV = {
@@ -117,6 +118,12 @@ class VllmServer:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def openai_client(self) -> Any:
+        """An ``openai`` client of this server that retries no failed request."""
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="unused", max_retries=0)
 
     def start(self) -> VllmServer:
         """Start ``vllm serve`` and wait until it is healthy. A start that lost a

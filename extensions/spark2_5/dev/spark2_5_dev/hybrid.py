@@ -33,7 +33,6 @@ import copy
 import gc
 import json
 import os
-import random
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from spark2_5_dev.parity import (
     FP32_LOGPROB_TOLERANCE,
     NEW_TOKENS,
     completion_record,
+    prompts,
 )
 
 # --- prefix caching and chunked prefill -------------------------------------------
@@ -125,12 +125,6 @@ def compare_teacher_forced(steps: Any, tokens: list[int], logprobs: list[float])
         # float32 noise is a tie, not a bug.
         "min_greedy_margin": float((top2[:, 0] - top2[:, 1]).min()),
     }
-
-
-def random_prompts(lengths: tuple[int, ...], seed: int, vocab_size: int) -> list[list[int]]:
-    """Token-id prompts of ``lengths`` drawn from ``seed`` (no special tokens)."""
-    rng = random.Random(seed)
-    return [[rng.randrange(3, vocab_size) for _ in range(n)] for n in lengths]
 
 
 def _params(**extra: Any) -> Any:
@@ -252,7 +246,7 @@ def run_cache_matrix(workdir: str | Path) -> dict[str, Any]:
         Path(workdir) / "cache", seed=CACHE_CHECKPOINT_SEED, sliding_window=CACHE_WINDOW
     )
     vocab_size = read_config(path)["vocab_size"]
-    batch = random_prompts(CACHE_PROMPT_LENGTHS, CACHE_CHECKPOINT_SEED, vocab_size)
+    batch = prompts(CACHE_CHECKPOINT_SEED, vocab_size, CACHE_PROMPT_LENGTHS)
     engines = {
         name: _serve_cache_engine(path, settings, batch) for name, settings in CACHE_ENGINES.items()
     }
@@ -337,7 +331,7 @@ def run_long_context(workdir: str | Path) -> dict[str, Any]:
         workdir / "long", seed=LONG_CHECKPOINT_SEED, **LONG_CONTEXT_OVERRIDES
     )
     vocab_size = read_config(path)["vocab_size"]
-    batch = random_prompts(LONG_PROMPT_LENGTHS, LONG_CHECKPOINT_SEED, vocab_size)
+    batch = prompts(LONG_CHECKPOINT_SEED, vocab_size, LONG_PROMPT_LENGTHS)
     served = _serve_long(path, "float32", batch)
 
     reference = Spark2_5Reference.from_pretrained(path)

@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from spark2_5_dev.drivers import driver_main
-from spark2_5_dev.engines import in_process_llm
-from spark2_5_dev.parity import ENGINE_ENV, MAX_MODEL_LEN
+from spark2_5_dev.parity import ENGINE_ENV
 from spark2_5_dev.quantize import FORMATS, GPTQ_INT4, W8A8_INT8, quantize_checkpoint
-from spark2_5_dev.weight_updates import kernel_libraries, quantized_kernels
+from spark2_5_dev.weight_updates import kernel_libraries, offline_engine, quantized_kernels
 
 
 @dataclass(frozen=True)
@@ -78,12 +77,6 @@ def _float_choices(model: Any) -> dict[str, list[str]]:
     return {"projections": sorted(projections), "attention": sorted(attention)}
 
 
-def _engine(path: Path) -> Any:
-    return in_process_llm(
-        model=str(path), dtype="bfloat16", max_model_len=MAX_MODEL_LEN, enforce_eager=True
-    )
-
-
 def _answers(llm: Any) -> bool:
     from vllm import SamplingParams
 
@@ -102,7 +95,7 @@ def run(workdir: Path) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     float_path = build_spark2_5_checkpoint(workdir / "float", seed=3, **FIXTURE_CONFIG_OVERRIDES)
-    llm = _engine(float_path)
+    llm = offline_engine(float_path, dtype="bfloat16")
     result: dict[str, Any] = {
         "torch_capability": torch.backends.cpu.get_cpu_capability(),
         "bfloat16": {**llm.apply_model(_float_choices)[0], "answers": _answers(llm)},
@@ -112,7 +105,7 @@ def run(workdir: Path) -> dict[str, Any]:
     for fmt in FORMATS:
         path = quantize_checkpoint(float_path, workdir / fmt, fmt)
         try:
-            llm = _engine(path)
+            llm = offline_engine(path, dtype="bfloat16")
         except RuntimeError as refused:  # no kernel for it on this CPU, the carrier says
             result[fmt] = {"refused": str(refused)}
             continue

@@ -102,10 +102,13 @@ CASES = (
 )
 
 
-def prompts(seed: int, vocab_size: int) -> list[list[int]]:
-    """A batch of token-id prompts of :data:`PROMPT_LENGTHS`, drawn from ``seed``."""
+def prompts(
+    seed: int, vocab_size: int, lengths: tuple[int, ...] = PROMPT_LENGTHS
+) -> list[list[int]]:
+    """A batch of token-id prompts of ``lengths`` (:data:`PROMPT_LENGTHS` unless given),
+    drawn from ``seed``, without special tokens."""
     rng = random.Random(seed)
-    return [[rng.randrange(3, vocab_size) for _ in range(n)] for n in PROMPT_LENGTHS]
+    return [[rng.randrange(3, vocab_size) for _ in range(n)] for n in lengths]
 
 
 def _serve(llm_kwargs: dict[str, Any], batch: list[list[int]]) -> list[dict[str, list]]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import json
-import random
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +23,14 @@ from spark2_5_dev.checkpoints import (
 )
 from spark2_5_dev.drivers import driver_main
 from spark2_5_dev.engines import in_process_llm
+from spark2_5_dev.parity import prompts
 
 SEED = 11
 PROMPT_LENGTHS = (3, 12, 40)  # within, across and well past the sliding window
+PROMPTS = prompts(SEED, TINY_VOCAB_SIZE, PROMPT_LENGTHS)
 RERANK_TOKENS = ("<think>", "</think>")  # any two single tokens: (no, yes)
 # float32 engine against the float64 reference, on scores in [0, 1] and unit vectors.
 TOLERANCE = 1e-5
-
-
-def prompts() -> list[list[int]]:
-    rng = random.Random(SEED)
-    return [[rng.randrange(3, TINY_VOCAB_SIZE) for _ in range(n)] for n in PROMPT_LENGTHS]
 
 
 def build_checkpoints(workdir: Path) -> dict[str, Path]:
@@ -118,7 +114,7 @@ def worst_abs_diff(served: list, expected: list) -> float:
 
 
 def run(workdir: Path) -> dict[str, Any]:
-    batch = prompts()
+    batch = PROMPTS
     checkpoints = build_checkpoints(workdir)
     expected = reference_scores(checkpoints, batch)
     rerank = {"classifier_from_token": list(RERANK_TOKENS), "method": "from_2_way_softmax"}

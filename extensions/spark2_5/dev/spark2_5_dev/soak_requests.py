@@ -16,8 +16,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark2_5_dev import fixture
+from spark2_5_dev import chat, fixture
 from spark2_5_dev.host_features import FORCED_CALL_REFUSAL, constrains_forced_calls
+from spark2_5_dev.tool_parsing import compact
 
 # finish_reason, content, ((name, arguments), ...): what a client ends up with.
 Answer = tuple[str | None, str, tuple[tuple[str, str], ...]]
@@ -27,10 +28,6 @@ MAX_TOKENS = 120
 # Disconnecting clients ask for this many tokens, never stopping early, so every
 # one of them is still generating when it hangs up.
 DISCONNECT_MAX_TOKENS = 300
-
-
-def compact(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -60,12 +57,8 @@ class Case:
         }
 
 
-def _conversation(name: str) -> fixture.Conversation:
-    return next(c for c in fixture.CONVERSATIONS if c.name == name)
-
-
 def _trained(kind: str, name: str, expected: Answer, stream: bool = False) -> Case:
-    conversation = _conversation(name)
+    conversation = chat.conversation(name)
     label = f"{name}-streamed" if stream else name
     return Case(kind, label, conversation.messages, conversation.tools, None, stream, expected)
 

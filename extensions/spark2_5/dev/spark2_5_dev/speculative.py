@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gc
 import json
-import random
 import traceback
 from collections.abc import Callable
 from functools import partial
@@ -31,20 +30,17 @@ from spark2_5_dev.checkpoints import (
 )
 from spark2_5_dev.drivers import driver_main
 from spark2_5_dev.engines import in_process_llm
+from spark2_5_dev.parity import prompts
 
 SEED = 5
 PROMPT_LENGTHS = (4, 15, 33)
 NEW_TOKENS = 24
 MAX_MODEL_LEN = 256
 SPECULATIVE_TOKENS = 3
+PROMPTS = prompts(SEED, TINY_VOCAB_SIZE, PROMPT_LENGTHS)
 # Layers 1 and 2 are sliding-window, 3 is full attention (spark2_5_config_dict).
 EAGLE3_LAYERS = (1, 2, 3)
 HEAD_HEADS, HEAD_KV_HEADS, HEAD_DIM = 4, 2, 32
-
-
-def prompts() -> list[list[int]]:
-    rng = random.Random(SEED)
-    return [[rng.randrange(3, TINY_VOCAB_SIZE) for _ in range(n)] for n in PROMPT_LENGTHS]
 
 
 def _head_tensors(hidden: int, intermediate: int, eagle3: bool) -> dict[str, Any]:
@@ -138,7 +134,7 @@ def _generate(
 
 
 def run(workdir: Path) -> dict[str, Any]:
-    batch = prompts()
+    batch = PROMPTS
     target = build_spark2_5_checkpoint(workdir / "target", seed=SEED)
     heads = {
         "eagle": build_head(target, workdir / "eagle-head", eagle3=False),

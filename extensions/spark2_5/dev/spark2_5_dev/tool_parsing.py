@@ -199,6 +199,26 @@ def serving_parser_deltas(
     ]
 
 
+def parse_both_ways(
+    tokenizer: Any, text: str, request: Any, cuts: Iterable[int] | None = None
+) -> Parsed:
+    """``spark25``'s non-streaming result for ``text``, checked equal to a stream of the
+    same text (one character per delta unless ``cuts`` are given)."""
+    from vllm_spark2_5_plugin.spark2_5_tool_parser import Spark25ToolParser
+
+    expected = non_streaming(Spark25ToolParser(tokenizer), text, request)
+    deltas = list(text) if cuts is None else split_at(text, cuts)
+    assert stream_agrees(
+        stream_tool_parser(Spark25ToolParser(tokenizer), deltas, request), expected
+    )
+    return expected
+
+
+def compact(value: Any) -> str:
+    """``value`` as JSON the way ``spark25`` writes arguments: no spaces, non-ASCII kept."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
 def split_at(text: str, cuts: Iterable[int]) -> list[str]:
     bounds = [0, *sorted(set(cuts)), len(text)]
     return [text[start:end] for start, end in itertools.pairwise(bounds) if end > start]

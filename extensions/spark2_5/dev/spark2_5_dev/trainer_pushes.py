@@ -26,19 +26,22 @@ import socket
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from spark2_5_dev.drivers import driver_main
-from spark2_5_dev.engines import in_process_llm
-from spark2_5_dev.parity import MAX_MODEL_LEN, _compare_fp32, prompts
+from spark2_5_dev.parity import _compare_fp32, prompts
 from spark2_5_dev.weight_updates import (
     CASES,
     WRONG_SHAPE,
     Served,
     _checkpoint_pair,
     _error_of,
+    engines_own_the_session,
     layerwise_engine_base,
+    offline_engine,
+    run_all,
 )
 
 GLOO_BACKEND = "spark2_5_dev_gloo"
@@ -60,17 +63,6 @@ def stand_in_a_gpu_host() -> None:
     utils.check_cpu_sgl_kernel = lambda *_: False
     cpu_platform.linears_compute_with_copies = lambda: False
     cpu_platform.attention_reads_stale_kv_slots = lambda: False
-
-
-def _engine(path: Path, **settings: Any) -> Any:
-    return in_process_llm(
-        model=str(path),
-        dtype="float32",
-        max_model_len=MAX_MODEL_LEN,
-        enforce_eager=True,
-        seed=0,
-        **settings,
-    )
 
 
 def _direct(llm: Any, pairs: list[tuple[str, Any]], bucket: int) -> None:
@@ -131,7 +123,7 @@ def run_direct(workdir: Path) -> dict[str, Any]:
         tensors = {label: checkpoint_tensors(path) for label, path in paths.items()}
         config = json.loads((paths["a"] / "config.json").read_text())
         batch = prompts(case.seeds[0], config["vocab_size"])
-        llm = _engine(paths["a"])
+        llm = offline_engine(paths["a"])
         steps = _direct_steps(Served(llm, batch), tensors, config["tie_word_embeddings"])
         del llm
         gc.collect()
@@ -267,7 +259,7 @@ def run_broadcast(workdir: Path) -> dict[str, Any]:
     refused = [(WRONG_SHAPE, tensors["b"][WRONG_SHAPE][:, :-1].contiguous())]
     refused += [(n, t) for n, t in tensors["b"].items() if n != WRONG_SHAPE]
     good = list(tensors["b"].items())
-    llm = _engine(paths["a"], weight_transfer_config={"backend": GLOO_BACKEND})
+    llm = offline_engine(paths["a"], weight_transfer_config={"backend": GLOO_BACKEND})
     rendezvous = Rendezvous("127.0.0.1", _free_port())
     sender = multiprocessing.get_context("spawn").Process(
         target=send, args=(rendezvous, [refused, good])
@@ -292,18 +284,9 @@ def run_broadcast(workdir: Path) -> dict[str, Any]:
     }
 
 
-def run_all(workdir: Path) -> dict[str, Any]:
-    import os
-
-    import torch
-
-    from spark2_5_dev.parity import ENGINE_ENV
-
-    for name, value in ENGINE_ENV.items():
-        os.environ.setdefault(name, value)
-    torch.set_num_threads(1)
-    from spark2_5_dev.weight_updates import engines_own_the_session
-
+def pushes(workdir: Path) -> dict[str, Any]:
+    """This driver's parts: the broadcast where vLLM's transfer engines run the update
+    session, then the direct pushes."""
     result: dict[str, Any] = {"engines_own_the_session": engines_own_the_session()}
     if result["engines_own_the_session"]:
         result["broadcast"] = run_broadcast(workdir)
@@ -327,4 +310,4 @@ def summary(result: dict[str, Any]) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    driver_main(__spec__.name, __doc__.splitlines()[0], run_all, summary)
+    driver_main(__spec__.name, __doc__.splitlines()[0], partial(run_all, parts=pushes), summary)

@@ -29,6 +29,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -294,10 +295,9 @@ def _checkpoint_pair(case: UpdateCase, root: Path) -> dict[str, Path]:
     }
 
 
-def _engine(path: Path, dtype: str = "float32", **settings: Any) -> Any:
-    """An offline engine on ``path``, with the in-memory weight transfer where it runs."""
-    if engines_own_the_session():
-        settings["weight_transfer_config"] = {"backend": IN_MEMORY_BACKEND}
+def offline_engine(path: Path, dtype: str = "float32", **settings: Any) -> Any:
+    """An offline engine on ``path`` as the weight-update drivers serve it (greedy
+    runs of :data:`MAX_MODEL_LEN`, eager, seed 0), with ``settings``."""
     return in_process_llm(
         model=str(path),
         dtype=dtype,
@@ -306,6 +306,14 @@ def _engine(path: Path, dtype: str = "float32", **settings: Any) -> Any:
         seed=0,
         **settings,
     )
+
+
+def in_memory_transfer() -> dict[str, Any]:
+    """The engine setting that receives pushes through :class:`InMemoryWeightTransfer`,
+    where vLLM's weight-transfer engines run the update session (none elsewhere)."""
+    if not engines_own_the_session():
+        return {}
+    return {"weight_transfer_config": {"backend": IN_MEMORY_BACKEND}}
 
 
 def run_case(case: UpdateCase, workdir: Path) -> dict[str, Any]:
@@ -317,7 +325,7 @@ def run_case(case: UpdateCase, workdir: Path) -> dict[str, Any]:
     tensors = {label: checkpoint_tensors(path) for label, path in paths.items()}
     config = json.loads((paths["a"] / "config.json").read_text())
     batch = prompts(case.seeds[0], config["vocab_size"])
-    llm = _engine(paths["a"])
+    llm = offline_engine(paths["a"], **in_memory_transfer())
     steps = _steps(Served(llm, batch), paths["a"], paths["b"], tensors)
     del llm
     gc.collect()
@@ -352,7 +360,9 @@ def run_lora_case(workdir: Path) -> dict[str, Any]:
     config = read_config(paths["a"])
     adapter = lora.random_adapter(config, root / "adapter", seed=11, rank=8)
     batch = prompts(case.seeds[0], config["vocab_size"])
-    llm = _engine(paths["a"], enable_lora=True, max_loras=2, max_lora_rank=8)
+    llm = offline_engine(
+        paths["a"], enable_lora=True, max_loras=2, max_lora_rank=8, **in_memory_transfer()
+    )
     served = Served(llm, batch)
     request = LoRARequest("adapter", 1, str(adapter))
     steps = {"a_with_adapter": served.generate(request)}
@@ -463,7 +473,7 @@ def _quantized_reloads(
 ) -> dict[str, Any]:
     fresh, reloaded, pushed, kernels = {}, {}, {}, set()
     for first, then in ("ab", "ba"):
-        llm = _engine(paths[first], dtype="bfloat16")
+        llm = offline_engine(paths[first], dtype="bfloat16", **in_memory_transfer())
         served = Served(llm, batch)
         fresh[first] = served.generate()
         kernels.update(quantized_kernels(llm))
@@ -488,24 +498,30 @@ def kernel_libraries() -> list[str]:
     return sorted({Path(line.split()[-1]).name for line in maps.splitlines() if "/vllm/_C" in line})
 
 
-def run_all(
-    workdir: str | Path, cases: tuple[UpdateCase, ...] = CASES, quantized_only: bool = False
-) -> dict[str, Any]:
+def run_all(workdir: str | Path, parts: Callable[[Path], dict[str, Any]]) -> dict[str, Any]:
+    """A weight-update driver's ``parts(workdir)``, in this process made ready for its
+    engines first: :data:`ENGINE_ENV` where unset, one torch thread."""
     for name, value in ENGINE_ENV.items():
         os.environ.setdefault(name, value)
     import torch
-    import vllm
 
     torch.set_num_threads(1)
+    return parts(Path(workdir))
+
+
+def update_paths(
+    workdir: Path, cases: tuple[UpdateCase, ...] = CASES, quantized_only: bool = False
+) -> dict[str, Any]:
+    """This driver's parts: each case, the LoRA case, the quantized reloads."""
+    import vllm
+
     if engines_own_the_session():
         register_in_memory_transfer()
     result = {"vllm": vllm.__version__, "transfer_steps": engines_own_the_session()}
     if not quantized_only:
-        result["cases"] = {case.name: run_case(case, Path(workdir)) for case in cases}
-        result["lora"] = (
-            run_lora_case(Path(workdir)) if reloads_weights_into_lora_layers() else None
-        )
-    result["quantized"] = run_quantized(Path(workdir))
+        result["cases"] = {case.name: run_case(case, workdir) for case in cases}
+        result["lora"] = run_lora_case(workdir) if reloads_weights_into_lora_layers() else None
+    result["quantized"] = run_quantized(workdir)
     return {**result, "kernel_libraries": kernel_libraries()}
 
 
@@ -517,7 +533,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="JSON file for the results")
     parser.add_argument("--quantized-only", action="store_true", help="only run_quantized")
     args = parser.parse_args(argv)
-    result = run_all(args.workdir, quantized_only=args.quantized_only)
+    result = run_all(args.workdir, partial(update_paths, quantized_only=args.quantized_only))
     args.out.write_text(json.dumps(result, indent=2) + "\n")
 
 
