@@ -44,7 +44,5 @@ def test_check_dist_is_under_300_lines():
 
 def test_a_long_function_is_found():
     body = "".join(f"        x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
-    assert long_functions(f"class A:\n    def f(self):\n{body}") == {
-        "f": MAX_FUNCTION_LINES + 1
-    }
+    assert long_functions(f"class A:\n    def f(self):\n{body}") == {"f": MAX_FUNCTION_LINES + 1}
     assert long_functions("def g():\n    return 1\n") == {}
