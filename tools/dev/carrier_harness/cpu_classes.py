@@ -21,13 +21,10 @@ is possible: the CPU must run the class.
 from __future__ import annotations
 
 import getpass
-import importlib.abc
-import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,34 +153,6 @@ def class_in_force() -> CpuClass | None:
     return chosen(name, machine) if name else machine
 
 
-class _ThenRun(importlib.abc.Loader):
-    def __init__(self, loader: importlib.abc.Loader, action: Callable[[object], None]):
-        self.loader, self.action = loader, action
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        self.loader.exec_module(module)
-        self.action(module)
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs an action on a module right after it is first imported."""
-
-    def __init__(self, module_name: str, action: Callable[[object], None]):
-        self.module_name, self.action = module_name, action
-
-    def find_spec(self, name, path, target=None):
-        if name != self.module_name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _ThenRun(spec.loader, self.action)
-        return spec
-
-
 def _narrow_probes(torch_cpu, target: CpuClass, machine: CpuClass) -> None:
     for probe in PROBES:
         if probe not in target.probes and hasattr(torch_cpu, probe):
@@ -207,9 +176,9 @@ def emulate(name: str) -> CpuClass | None:
     user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     for variable, value in compiled_code_caches(target, user_cache).items():
         os.environ.setdefault(variable, value)  # a test's own cache stays its own
-    sys.meta_path.insert(
-        0, _AfterImport("torch.cpu", lambda module: _narrow_probes(module, target, machine))
-    )
+    from vllm_hust_bundle_kit.deferred import after_import
+
+    after_import(("torch.cpu",), lambda module: _narrow_probes(module, target, machine))
     return target
 
 
