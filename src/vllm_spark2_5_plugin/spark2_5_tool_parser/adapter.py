@@ -130,6 +130,15 @@ class Spark25ToolParser(ToolParser):
         # Calls are checked against each request's tools, whatever the base keeps.
         super().__init__(tokenizer, tools)
         self._stream: Scanner | None = None
+        # The request the stream serves: vLLM passes the same one with every delta of
+        # a stream, so another one starts another stream (vLLM's own parser tests
+        # stream several outputs through one parser).
+        self._stream_request: Any = None
+        # Whether the caller passes the text so far as previous_text (vLLM 0.23's
+        # serving, vLLM's own parser tests) or only each delta (vLLM's engine-based
+        # streaming, which ends each stream with finish_streaming); None until the
+        # second delta of a stream says.
+        self._caller_accumulates: bool | None = None
 
     def adjust_request(self, request: Any) -> Any:
         # Before the base: on vLLM 0.23 it moves a forced request's "$defs" out of
@@ -192,45 +201,53 @@ class Spark25ToolParser(ToolParser):
         delta_token_ids: Sequence[int],
         request: Any,
     ) -> Any:
-        if self._stream is None:
-            self._stream = Scanner(_callable_tools(request))
+        if self._stream is None or request is not self._stream_request:
+            self._stream, self._stream_request = Scanner(_callable_tools(request)), request
+            self._caller_accumulates = None
+        elif self._caller_accumulates is None:
+            self._caller_accumulates = bool(previous_text)
         if delta_text:
             self._stream.feed(delta_text)
-        return self._drain(everything=False)
+        # Only a caller that streams deltas alone ends the stream with finish_streaming:
+        # there content after a call's piece can wait for the next delta.
+        return self._drain(everything=self._caller_accumulates is not False)
 
     def finish_streaming(self) -> Any:
         """Release what the stream still holds: a partial tag, content held back."""
         if self._stream is None:
             return None
-        self._stream.finish(cut_call_is_content=False)
-        _report_dropped(self._stream)
-        return self._drain(everything=True)
+        stream, self._stream = self._stream, None
+        stream.finish(cut_call_is_content=False)
+        _report_dropped(stream)
+        return _delta_message(stream.output, everything=True)
 
     def _drain(self, everything: bool) -> Any:
-        """What the scanner reported since the last delta, as one ``DeltaMessage``.
+        return _delta_message(self._stream.output, everything)
 
-        A message carries its content before its calls (vLLM's Responses stream
-        emits it in that order, closing an open call at content), so content the
-        model wrote after a call's piece waits for the next delta, unless
-        ``everything`` must go now."""
-        output = self._stream.output
-        taken = len(output)
-        if not everything:
-            taken = next(
-                (
-                    position
-                    for position in range(1, len(output))
-                    if isinstance(output[position], str)
-                    and isinstance(output[position - 1], CallPiece)
-                ),
-                taken,
-            )
-        pieces, output[:taken] = output[:taken], []
-        content = "".join(piece for piece in pieces if isinstance(piece, str))
-        tool_calls = _delta_tool_calls([piece for piece in pieces if isinstance(piece, CallPiece)])
-        if not content and not tool_calls:
-            return None
-        return DeltaMessage(content=content or None, tool_calls=tool_calls)
+
+def _delta_message(output: list[Any], everything: bool) -> Any:
+    """What a scanner reported since the last delta, as one ``DeltaMessage``.
+
+    A message carries its content before its calls (vLLM's Responses stream emits
+    it in that order, closing an open call at content), so content the model wrote
+    after a call's piece waits for the next delta, unless ``everything`` must go
+    now."""
+    taken = len(output)
+    if not everything:
+        taken = next(
+            (
+                position
+                for position in range(1, len(output))
+                if isinstance(output[position], str) and isinstance(output[position - 1], CallPiece)
+            ),
+            taken,
+        )
+    pieces, output[:taken] = output[:taken], []
+    content = "".join(piece for piece in pieces if isinstance(piece, str))
+    tool_calls = _delta_tool_calls([piece for piece in pieces if isinstance(piece, CallPiece)])
+    if not content and not tool_calls:
+        return None
+    return DeltaMessage(content=content or None, tool_calls=tool_calls)
 
 
 def _delta_tool_calls(pieces: Sequence[CallPiece]) -> list[Any]:
