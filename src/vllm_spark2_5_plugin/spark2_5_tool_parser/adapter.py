@@ -43,13 +43,17 @@ logger = logging.getLogger("vllm.spark2_5_plugin")
 _STRUCTURAL_TAG_FORMAT = "glm_4_7"
 
 
-def _callable_tools(request: Any) -> dict[str, Any]:
+def _callable_tools(request: Any, declared: Sequence[Any]) -> dict[str, Any]:
     """Name -> parameter schema of each function tool the model may call (the first
-    of a repeated name, as vLLM's own lookup)."""
-    if request is None or getattr(request, "tool_choice", None) == "none":
+    of a repeated name, as vLLM's own lookup): the request's tools unless it says
+    ``tool_choice="none"``; for a request without tools (whose ``tool_choice``
+    defaults to "none"), those the parser was made with, which vLLM's serving layer
+    makes it with from the request, so none there."""
+    tools = getattr(request, "tools", None)
+    if tools and getattr(request, "tool_choice", None) == "none":
         return {}
     schemas: dict[str, Any] = {}
-    for name, parameters in compat.function_tools(request.tools):
+    for name, parameters in compat.function_tools(tools or declared):
         schemas.setdefault(name, parameters)
     return schemas
 
@@ -178,7 +182,7 @@ class Spark25ToolParser(ToolParser):
         return tag
 
     def extract_tool_calls(self, model_output: str, request: Any) -> Any:
-        scanner = Scanner(_callable_tools(request))
+        scanner = Scanner(_callable_tools(request, self.tools))
         scanner.feed(model_output)
         scanner.finish(cut_call_is_content=True)
         _report_dropped(scanner)
@@ -202,7 +206,8 @@ class Spark25ToolParser(ToolParser):
         request: Any,
     ) -> Any:
         if self._stream is None or request is not self._stream_request:
-            self._stream, self._stream_request = Scanner(_callable_tools(request)), request
+            self._stream = Scanner(_callable_tools(request, self.tools))
+            self._stream_request = request
             self._caller_accumulates = None
         elif self._caller_accumulates is None:
             self._caller_accumulates = bool(previous_text)
