@@ -72,6 +72,17 @@ def check_tools(tools: Sequence[Any] | None) -> None:
     _as_400(schema.check_tools, compat.function_tools(tools))
 
 
+def _strict_tools(tools: Sequence[Any] | None) -> list[tuple[str, Any]]:
+    """``(name, parameters)`` of the request's tools that say ``"strict": true``
+    (Chat tools on ``function``, Responses tools on the tool)."""
+    strict = [
+        tool
+        for tool in tools or []
+        if getattr(getattr(tool, "function", None) or tool, "strict", None) is True
+    ]
+    return compat.function_tools(strict)
+
+
 def _forces_call(tool_choice: Any) -> bool:
     """``tool_choice="required"``, a named tool, or allowed tools in required mode."""
     if tool_choice == "required":
@@ -149,6 +160,8 @@ class Spark25ToolParser(ToolParser):
         # the tools it turns into a JSON grammar, and they would go unchecked.
         tools = compat.function_tools(request.tools)
         _as_400(schema.check_tools, tools)
+        if request.tool_choice != "none":
+            _as_400(schema.check_strict_properties, _strict_tools(request.tools))
         request = super().adjust_request(request)
         # The call tags and </think> are special tokens: skipping them would hide
         # every call and, with a reasoning parser, where the thinking ends. vLLM
