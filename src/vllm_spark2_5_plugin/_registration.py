@@ -154,6 +154,7 @@ def _register_tool_parser(report: RegistrationReport) -> None:
     parsers = registered_tool_parsers()
     if report.claim(f"tool_parser:{TOOL_PARSER_NAME}", TOOL_PARSER_NAME in parsers):
         register_tool_parser(TOOL_PARSER_NAME, TOOL_PARSER_MODULE, TOOL_PARSER_CLASS)
+        host_hooks.keep_open_calls_before_content()
 
 
 REGISTRATIONS: tuple[tuple[str, str, Callable[[RegistrationReport], None]], ...] = (

@@ -116,6 +116,16 @@ def load_weights(
     return loading_before_0_25.load_weights(loader, module, kept, mapper, stacked)
 
 
+def weight_update_mode() -> str:
+    """How this vLLM updates weights in place: ``"direct"`` where it has
+    ``VLLM_RELOAD_MODE`` (0.34 and later) and it says so, else ``"layerwise"``, the
+    only mode of 0.23 to 0.33 (which ignore the variable)."""
+    envs = importlib.import_module("vllm.envs")
+    if "VLLM_RELOAD_MODE" not in getattr(envs, "environment_variables", {}):
+        return "layerwise"
+    return envs.VLLM_RELOAD_MODE
+
+
 def local_argmax_mixin() -> type:
     """vLLM's ``LocalArgmaxMixin`` (0.24 and later): ``get_top_tokens``, the greedy
     token a draft model's proposer takes with ``use_local_argmax_reduction``. On 0.23,

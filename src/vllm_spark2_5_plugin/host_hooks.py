@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_hust_bundle_kit import deferred
+
 # --- the config table -------------------------------------------------------------
 # Retire when vLLM has a public call to register a config class for a model_type.
 
@@ -173,6 +175,54 @@ def check_lora_adapters(manager: Any, check: Callable[[Any], None]) -> bool:
 
     manager._add_adapter = checked_add_adapter
     return True
+
+
+# --- the Responses stream -------------------------------------------------------------
+# Retire when vLLM's Responses stream keeps an open call's last pieces before the
+# content a delta carries after them.
+
+RESPONSES_SERVING = "vllm.entrypoints.openai.responses.serving"
+
+
+def keep_open_calls_before_content() -> None:
+    """Make vLLM's Responses stream take a delta's pieces of a call already open
+    before its content.
+
+    vLLM splits each delta into reasoning, content, then tool calls
+    (``split_delta``), and content closes an open call. When a stream's last
+    delta closes a call and carries text written after it (vLLM merges what the
+    parser releases at the end into the last delta), the call's last pieces then
+    come after its item was closed, nameless, and the stream fails (a pydantic
+    error). Such pieces (no id, no name) always precede any content of the delta:
+    content is never written inside a call. vLLM 0.32 and 0.33; releases without
+    ``split_delta`` stream Responses otherwise and are left alone."""
+
+    def patch(serving: Any) -> None:
+        split = getattr(serving, "split_delta", None)
+        if split is None or getattr(split, "keeps_open_calls_first", False):
+            return
+
+        def split_delta(delta: Any) -> list[Any]:
+            parts = split(delta)
+            continuing = [part for part in parts if _continues_a_call(part)]
+            if not continuing:
+                return parts
+            rest = [part for part in parts if not _continues_a_call(part)]
+            reasoning = [part for part in rest if part.reasoning is not None]
+            others = [part for part in rest if part.reasoning is None]
+            return [*reasoning, *continuing, *others]
+
+        split_delta.keeps_open_calls_first = True  # type: ignore[attr-defined]
+        serving.split_delta = split_delta
+
+    deferred.after_import((RESPONSES_SERVING,), patch)
+
+
+def _continues_a_call(delta: Any) -> bool:
+    calls = delta.tool_calls or []
+    return bool(calls) and all(
+        call.id is None and getattr(call.function, "name", None) is None for call in calls
+    )
 
 
 # --- attaching them to a model ----------------------------------------------------------

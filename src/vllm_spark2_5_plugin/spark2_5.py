@@ -57,6 +57,7 @@ from vllm_spark2_5_plugin.spark2_5_config import SLIDING_ATTENTION, Spark2_5Conf
 from vllm_spark2_5_plugin.spark2_5_engine_checks import (
     eagle3_layers,
     heads_per_rank,
+    refuse_direct_weight_updates,
     refuse_draft_model_over_sliding_layers,
 )
 from vllm_spark2_5_plugin.spark2_5_loading import CheckpointLoader
@@ -327,6 +328,7 @@ class Spark2_5ForCausalLM(
         self.config = config
         self.quant_config = vllm_config.quant_config
         refuse_draft_model_over_sliding_layers(vllm_config.speculative_config)
+        refuse_direct_weight_updates(compat.weight_update_mode())
         self.model = Spark2_5Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         if get_pp_group().is_last_rank:
             self.lm_head = ParallelLMHead(

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """What a Spark2_5 model refuses of the engine that builds it, each with the fix: a
 tensor-parallel size its heads cannot be split across, a separate draft model over
-sliding-window layers, EAGLE-3 hidden states it cannot give."""
+sliding-window layers, EAGLE-3 hidden states it cannot give, a weight-update mode
+that bypasses its update checks."""
 
 from __future__ import annotations
 
@@ -57,3 +58,20 @@ def eagle3_layers(layers: tuple[int, ...], num_hidden_layers: int, pp_size: int)
             "hidden states are not passed between pipeline stages"
         )
     return layers
+
+
+def refuse_direct_weight_updates(mode: str) -> None:
+    """Refuse vLLM's direct reload (``VLLM_RELOAD_MODE=direct``): it writes each pushed
+    tensor in place without ``load_weights``'s checks and session (no tensor checked
+    before it loads, layers half updated, a refusal after vLLM re-laid the tensors
+    out, with no finish), and NCCL's ``use_load_plan``, which needs it, skips
+    ``load_weights`` after the first update."""
+    if mode == "direct":
+        raise ValueError(
+            "VLLM_RELOAD_MODE=direct is not supported by Spark2_5: vLLM's direct reload "
+            "bypasses its weight-update checks (each tensor checked before it loads, no "
+            "layer left half updated, a refused update raised where the trainer sees it), "
+            "and NCCL's use_load_plan needs it. Unset VLLM_RELOAD_MODE or set it to "
+            "layerwise, the default; reload_weights and the weight-transfer engines then "
+            "update the model as documented"
+        )

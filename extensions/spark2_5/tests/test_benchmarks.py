@@ -23,6 +23,7 @@ SCRIPTS = (
     "bench_layer_ops.py",
     "bench_additions.py",
     "bench_shared_weights.py",
+    "bench_agent_tools.py",
 )
 
 

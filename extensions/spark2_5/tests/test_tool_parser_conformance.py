@@ -29,6 +29,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from spark2_5_dev.host_features import (
     ends_incomplete_responses_with_their_own_event,
@@ -107,9 +109,22 @@ def requests() -> dict[str, Any]:
     }
 
 
-def token_deltas(tokenizer, text: str) -> list[tuple[str, int]]:
+def token_deltas(tokenizer, text: str) -> list[tuple[str, list[int]]]:
+    """One delta per token, as vLLM streams by default."""
     ids = tokenizer.encode(text, add_special_tokens=False)
-    return [(tokenizer.decode([token], skip_special_tokens=False), token) for token in ids]
+    return [(tokenizer.decode([token], skip_special_tokens=False), [token]) for token in ids]
+
+
+def grouped(deltas: list[tuple[str, list[int]]], ends: set[int]) -> list[tuple[str, list[int]]]:
+    """Consecutive deltas joined, ending after each position in ``ends``: the several
+    tokens per delta of ``--stream-interval`` and of speculative decoding."""
+    joined, text, tokens = [], "", []
+    for position, (piece, ids) in enumerate(deltas, start=1):
+        text, tokens = text + piece, tokens + ids
+        if position in ends or position == len(deltas):
+            joined.append((text, tokens))
+            text, tokens = "", []
+    return joined
 
 
 def chat_non_streamed(parser, text: str, request) -> tuple:
@@ -117,8 +132,9 @@ def chat_non_streamed(parser, text: str, request) -> tuple:
     return reasoning or None, content or None, [(c.name, c.arguments) for c in calls or []]
 
 
-def chat_streamed(parser, deltas: list[tuple[str, int]], request) -> tuple:
-    """Each delta as vLLM's chunk, folded by the openai SDK's stream state."""
+def chat_streamed(parser, deltas: list[tuple[str, list[int]]], request, finish="length") -> tuple:
+    """Each delta as vLLM's chunk, folded by the openai SDK's stream state; the last
+    one finishes the stream with ``finish``."""
     from openai.lib.streaming.chat import ChatCompletionStreamState
     from openai.types.chat import ChatCompletionChunk
     from vllm.entrypoints.openai.chat_completion.protocol import (
@@ -128,15 +144,15 @@ def chat_streamed(parser, deltas: list[tuple[str, int]], request) -> tuple:
 
     state = ChatCompletionStreamState()
     reasoning = ""
-    for position, (text, token) in enumerate(deltas):
+    for position, (text, tokens) in enumerate(deltas):
         last = position == len(deltas) - 1
-        message = parser.parse_delta(text, [token], request, prompt_token_ids=[], finished=last)
+        message = parser.parse_delta(text, tokens, request, prompt_token_ids=[], finished=last)
         if message is None and not last:
             continue
         message = message or DeltaMessage()
         reasoning += message.reasoning or ""
         choice = ChatCompletionResponseStreamChoice(
-            index=0, delta=message, finish_reason="length" if last else None
+            index=0, delta=message, finish_reason=finish if last else None
         )
         # Built and sent as vLLM's server does (unset fields left out).
         chunk = ChatCompletionStreamResponse(
@@ -196,13 +212,18 @@ def responses_items(parser, text: str, request) -> list:
     )
 
 
-def responses_streamed(parser, deltas: list[tuple[str, int]], request) -> tuple:
-    items = responses_streamed_items(parser, deltas, request)
-    return responses_summary(items, CUT_STREAM_LAST_ITEM_STATUS)
+def responses_streamed(parser, deltas: list[tuple[str, list[int]]], request, finish="length"):
+    items = responses_streamed_items(parser, deltas, request, finish)
+    return responses_summary(
+        items, CUT_STREAM_LAST_ITEM_STATUS if finish == "length" else "completed"
+    )
 
 
-def responses_streamed_items(parser, deltas: list[tuple[str, int]], request) -> list:
-    """vLLM's own simple streaming loop over one context per token."""
+def responses_streamed_items(
+    parser, deltas: list[tuple[str, list[int]]], request, finish: str = "length"
+) -> list:
+    """vLLM's own simple streaming loop over one context per delta; the last one
+    finishes the stream with ``finish``."""
     from vllm.entrypoints.openai.responses.context import SimpleContext
     from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
     from vllm.outputs import CompletionOutput, RequestOutput
@@ -212,10 +233,10 @@ def responses_streamed_items(parser, deltas: list[tuple[str, int]], request) -> 
     context = SimpleContext(response_parser=parser)
 
     async def outputs():
-        for position, (text, token) in enumerate(deltas):
+        for position, (text, tokens) in enumerate(deltas):
             last = position == len(deltas) - 1
             output = CompletionOutput(
-                0, text, [token], None, None, finish_reason="length" if last else None
+                0, text, tokens, None, None, finish_reason=finish if last else None
             )
             context.append_output(RequestOutput("r", None, [], None, [output], finished=last))
             yield context
@@ -266,6 +287,66 @@ def test_every_cut_of_every_output_folds_alike_streamed_or_not(tokenizer, api, r
                     whole_calls[len(calls)][0],
                     whole_calls[len(calls)][1].startswith(arguments),
                 ), (output, cut, got)
+
+
+def agent_outputs(thinking: bool) -> st.SearchStrategy[str]:
+    """Text and calls in any order (text before, between and after calls), after a
+    thinking block where the reasoning parser reads one."""
+    weather = call("get_weather", [("city", "Paris"), ("days", "3")])
+    time = call("get_time", [("zone", "CET")], "\n")
+    texts = ["Sure. ", " Done.", "a < b", "\n", "OK"]
+    parts = st.lists(st.sampled_from([weather, time, *texts]), min_size=1, max_size=5)
+    think = st.sampled_from(["Let me see.</think>", "</think>"]) if thinking else st.just("")
+    return st.builds(lambda head, body: head + "".join(body), think, parts)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+@pytest.mark.parametrize("api", SERVED)
+@pytest.mark.parametrize("reasoning_parser", [None, "holo2"])
+def test_any_grouping_of_tokens_into_deltas_serves_the_non_streamed_result(
+    tokenizer, api, reasoning_parser, data
+):
+    """Several tokens per delta (``--stream-interval``, speculative decoding), grouped
+    anyhow, with the stream finishing normally: the reasoning, every character of
+    the content (text after a call included) and every call, streamed as not, and
+    no consumer raises."""
+    parser_cls = serving_parser_cls(tokenizer, reasoning_parser)
+    request = requests()[api]
+    non_streamed, streamed = SERVED[api]
+    output = data.draw(agent_outputs(thinking=reasoning_parser is not None), label="output")
+    tokens = token_deltas(tokenizer, output)
+    ends = data.draw(st.sets(st.integers(1, len(tokens))), label="delta ends")
+    got = streamed(parser_cls(tokenizer, request.tools), grouped(tokens, ends), request, "stop")
+    assert blank_content_beside_calls_as_none(got) == non_streamed(
+        parser_cls(tokenizer, request.tools), output, request
+    )
+
+
+@pytest.mark.parametrize("api", SERVED)
+def test_text_after_a_call_in_the_delta_that_closes_it_is_served_after_the_call(tokenizer, api):
+    """The last delta closes a call opened before it and carries text written after
+    the call (vLLM merges what the parser releases at the end into that delta): the
+    Responses stream once failed on it (a nameless call item); both APIs give the
+    call whole and the text."""
+    parser_cls = serving_parser_cls(tokenizer)
+    request = requests()[api]
+    non_streamed, streamed = SERVED[api]
+    output = "Sure. " + call("get_weather", [("city", "Paris")]) + " Done."
+    tokens = token_deltas(tokenizer, output)
+    close = next(position for position, (text, _) in enumerate(tokens) if text == "</tool_call>")
+    got = streamed(parser_cls(tokenizer, request.tools), grouped(tokens, {close}), request, "stop")
+    assert got == (None, "Sure.  Done.", [("get_weather", '{"city":"Paris"}')])
+    assert got == non_streamed(parser_cls(tokenizer, request.tools), output, request)
+
+
+def blank_content_beside_calls_as_none(result: tuple) -> tuple:
+    """vLLM's rule for a response that is not streamed: whitespace-only content beside
+    calls is no content (a stream has already sent it)."""
+    reasoning, content, calls = result
+    return reasoning, None if calls and not (content or "").strip() else content, calls
 
 
 def test_stray_markup_in_a_call_is_dropped_in_both_responses(tokenizer):

@@ -132,14 +132,7 @@ def many_properties(count: int) -> dict[str, Any]:
 
 def forced(tokenizer, tool: dict[str, Any], tool_choice: Any = "required", api="chat") -> Any:
     """The request after vLLM's serving-layer parser (and so spark25) adjusted it."""
-    if api == "chat":
-        request = chat_request(tools=[tool], tool_choice=tool_choice)
-    else:
-        from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
-
-        tools = [{"type": "function", **tool["function"]}]
-        request = ResponsesRequest(model="tiny", input="?", tools=tools, tool_choice=tool_choice)
-    return serving_parser_cls(tokenizer)(tokenizer, request.tools).adjust_request(request)
+    return forced_all(tokenizer, [tool], tool_choice, api)
 
 
 @pytest.mark.skipif(not constrains_forced_calls(), reason="vLLM 0.23 refuses forced calls")
@@ -218,6 +211,50 @@ def test_a_forced_call_is_held_to_its_tools_schema(tokenizer, api, tool_choice, 
     request = forced(tokenizer, tool, tool_choice, api)
     tag = getattr(request.structured_outputs, "structural_tag", None) or ""
     assert ('"required": ["symbol", "days"]' in tag) is pinned, tag
+
+
+def strict(tool: dict[str, Any], name: str) -> dict[str, Any]:
+    return {**tool, "function": {**tool["function"], "name": name, "strict": True}}
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+@pytest.mark.parametrize("tool_choice", ["auto", "required"])
+def test_strict_tools_beyond_the_pinned_bound_are_a_400_naming_the_largest_and_the_limit(
+    tokenizer, api, tool_choice
+):
+    """Every property of a ``"strict": true`` tool is pinned in the call grammar, which
+    compiles for seconds beyond ``MAX_PINNED_PROPERTIES`` (19 s at 1,000, within the
+    character bound): such tools are refused before anything compiles; at the bound
+    (an agent's 50 tools of 6 properties) they pass."""
+    if tool_choice == "required" and not constrains_forced_calls():
+        pytest.skip("vLLM 0.23 refuses forced calls")
+    at_bound = [strict(many_properties(MAX_PINNED_PROPERTIES // 2), f"half_{i}") for i in "ab"]
+    assert forced_all(tokenizer, at_bound, tool_choice, api) is not None
+    small = strict(many_properties(10), "small")
+    large = strict(many_properties(MAX_PINNED_PROPERTIES - 5), "large")
+    with pytest.raises(Exception, match='the largest is function "large"') as refusal:
+        forced_all(tokenizer, [small, large], tool_choice, api)
+    message = str(refusal.value)
+    assert f"declare {MAX_PINNED_PROPERTIES + 5:,} properties in all" in message
+    assert f"more than the {MAX_PINNED_PROPERTIES:,}" in message
+    assert 'Fix: set "strict": false on the largest tools' in message
+    assert type(refusal.value).__name__ == "VLLMValidationError"
+    # The same tools without "strict" are not pinned under "auto": they pass.
+    if tool_choice == "auto":
+        plain = [many_properties(10), many_properties(MAX_PINNED_PROPERTIES - 5)]
+        assert forced_all(tokenizer, plain, "auto", api) is not None
+
+
+def forced_all(tokenizer, tools: list[dict[str, Any]], tool_choice: Any, api: str) -> Any:
+    """:func:`forced` for several tools."""
+    if api == "chat":
+        request = chat_request(tools=tools, tool_choice=tool_choice)
+    else:
+        from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+        listed = [{"type": "function", **tool["function"]} for tool in tools]
+        request = ResponsesRequest(model="tiny", input="?", tools=listed, tool_choice=tool_choice)
+    return serving_parser_cls(tokenizer)(tokenizer, request.tools).adjust_request(request)
 
 
 def test_without_a_grammar_any_schema_size_passes(tokenizer):

@@ -153,6 +153,34 @@ def test_auto_tool_choice_streams_what_it_returns(client):
     )
 
 
+def test_strict_tools_beyond_the_pinned_bound_are_a_400_and_the_server_serves_on(
+    carrier_enabled_server, tmp_path
+):
+    """One request's strict tools over ``MAX_PINNED_PROPERTIES`` get a 400 naming the
+    tool and the limit, streamed or not, before anything compiles; the next request
+    is served as usual. A Spark2_5 checkpoint, whose context holds such a prompt."""
+    from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
+    from vllm_spark2_5_plugin.spark2_5_tool_parser import MAX_PINNED_PROPERTIES
+
+    properties = {f"p{index:04d}": {"type": "string"} for index in range(MAX_PINNED_PROPERTIES + 1)}
+    huge = with_parameters(tools.WEATHER_TOOL, properties, strict=True)
+    model = build_spark2_5_checkpoint(tmp_path / "model", seed=2)
+    with carrier_enabled_server(model, [*SERVE_ARGS, "--max-model-len", "16384"]) as server:
+        client = server.openai_client()
+        args = request_args(client, [huge], "auto")
+        for streamed in (False, True):
+            with pytest.raises(openai.BadRequestError) as refused:
+                if streamed:
+                    list(client.chat.completions.create(**args, stream=True))
+                else:
+                    client.chat.completions.create(**args)
+            message = str(refused.value)
+            assert 'the largest is function "get_weather"' in message, message
+            assert f"more than the {MAX_PINNED_PROPERTIES:,}" in message
+        finish_reason, _, _ = complete(client, **request_args(client, [WEATHER_TOOL], "auto"))
+        assert finish_reason in ("stop", "length", "tool_calls")
+
+
 def test_forced_tool_choice_on_a_server_that_cannot_constrain_is_a_400(
     tiny_llama, carrier_enabled_server
 ):

@@ -23,6 +23,7 @@ from spark2_5_dev.tool_parsing import (
     serving_parser_deltas,
     split_at,
     stream_agrees,
+    stream_as_text_so_far,
     stream_tool_parser,
 )
 from vllm_spark2_5_plugin.spark2_5_tool_parser import Spark25ToolParser
@@ -88,6 +89,47 @@ def parsed_both_ways(tokenizer, text, cuts, request=REQUEST):
 PROPERTY_SETTINGS = settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
+
+
+def all_but_an_undecided_tail(streamed: Parsed, expected: Parsed) -> bool:
+    """Whether a stream never ended by ``finish_streaming`` holds back at most what is
+    still undecided when the output stops: a partial tag, or a ``<tool_call>`` block
+    whose name never ended (it may yet be a call)."""
+    if stream_agrees(streamed, expected):
+        return True
+    shown, content = streamed.content or "", expected.content or ""
+    tail = content[len(shown) :]
+    undecided = tail in PARTIAL_TAGS or (
+        tail.startswith("<tool_call>") and "</tool_call>" not in tail
+    )
+    return content.startswith(shown) and undecided and streamed.calls == expected.calls
+
+
+@PROPERTY_SETTINGS
+@given(output_and_cuts())
+def test_a_caller_that_never_ends_the_stream_still_gets_everything(tokenizer, text_and_cuts):
+    """vLLM 0.23's server and vLLM's own parser tests pass the text so far and never
+    call ``finish_streaming``: nothing decided waits for a later delta, text after a
+    call included."""
+    text, cuts = text_and_cuts
+    expected = non_streaming(Spark25ToolParser(tokenizer), text, REQUEST)
+    streamed = stream_as_text_so_far(Spark25ToolParser(tokenizer), split_at(text, cuts), REQUEST)
+    assert all_but_an_undecided_tail(streamed, expected)
+
+
+@PROPERTY_SETTINGS
+@given(st.lists(output_and_cuts(), min_size=2, max_size=3))
+def test_one_parser_streams_several_outputs_each_as_if_alone(tokenizer, outputs_and_cuts):
+    """vLLM's own parser tests stream several outputs, malformed or cut ones too,
+    through one parser object, each with a request of its own: each output's calls
+    are new calls (an id and a name first, numbered from 0), whatever the last
+    output left open."""
+    parser = Spark25ToolParser(tokenizer)
+    for text, cuts in outputs_and_cuts:
+        request = chat_request()
+        expected = non_streaming(Spark25ToolParser(tokenizer), text, request)
+        streamed = stream_as_text_so_far(parser, split_at(text, cuts), request)
+        assert all_but_an_undecided_tail(streamed, expected)
 
 
 @PROPERTY_SETTINGS

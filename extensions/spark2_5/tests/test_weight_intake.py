@@ -306,3 +306,32 @@ def test_a_quantized_layer_an_update_leaves_whole_computes_as_before(
         assert torch.equal(layer(x)[0], before)
     if name == weight:
         assert f"model.layers.0.mlp.down_proj (pushed only {weight})" in caplog.text
+
+
+# --- vLLM's direct reload (VLLM_RELOAD_MODE=direct, 0.34) ---------------------------------
+
+
+def test_direct_reload_is_refused_at_start_naming_the_fix(checkpoint, monkeypatch):
+    """Where vLLM has the direct reload mode, a model built under it refuses, naming the
+    mode and the fix (it would bypass every update check); releases with the
+    layerwise mode only ignore the variable, and the model builds."""
+    from vllm_spark2_5_plugin import compat
+
+    monkeypatch.setenv("VLLM_RELOAD_MODE", "direct")
+    if compat.weight_update_mode() == "layerwise":  # 0.23 to 0.33: no such mode
+        assert build_model(checkpoint) is not None
+        return
+    with pytest.raises(ValueError, match="VLLM_RELOAD_MODE=direct is not supported") as error:
+        build_model(checkpoint)
+    assert "Unset VLLM_RELOAD_MODE or set it to layerwise" in str(error.value)
+
+
+@pytest.mark.parametrize("mode", ["layerwise", "direct"])
+def test_only_the_direct_mode_is_refused(mode):
+    from vllm_spark2_5_plugin.spark2_5_engine_checks import refuse_direct_weight_updates
+
+    if mode == "layerwise":
+        refuse_direct_weight_updates(mode)
+        return
+    with pytest.raises(ValueError, match="use_load_plan needs it"):
+        refuse_direct_weight_updates(mode)

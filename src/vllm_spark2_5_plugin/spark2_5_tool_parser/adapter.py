@@ -43,13 +43,17 @@ logger = logging.getLogger("vllm.spark2_5_plugin")
 _STRUCTURAL_TAG_FORMAT = "glm_4_7"
 
 
-def _callable_tools(request: Any) -> dict[str, Any]:
+def _callable_tools(request: Any, declared: Sequence[Any]) -> dict[str, Any]:
     """Name -> parameter schema of each function tool the model may call (the first
-    of a repeated name, as vLLM's own lookup)."""
-    if request is None or getattr(request, "tool_choice", None) == "none":
+    of a repeated name, as vLLM's own lookup): the request's tools unless it says
+    ``tool_choice="none"``; for a request without tools (whose ``tool_choice``
+    defaults to "none"), those the parser was made with, which vLLM's serving layer
+    makes it with from the request, so none there."""
+    tools = getattr(request, "tools", None)
+    if tools and getattr(request, "tool_choice", None) == "none":
         return {}
     schemas: dict[str, Any] = {}
-    for name, parameters in compat.function_tools(request.tools):
+    for name, parameters in compat.function_tools(tools or declared):
         schemas.setdefault(name, parameters)
     return schemas
 
@@ -66,6 +70,17 @@ def _as_400(check: Callable[..., None], *args: Any) -> None:
 def check_tools(tools: Sequence[Any] | None) -> None:
     """``schema.check_tools`` on a request's ``tools``; a refusal is vLLM's 400."""
     _as_400(schema.check_tools, compat.function_tools(tools))
+
+
+def _strict_tools(tools: Sequence[Any] | None) -> list[tuple[str, Any]]:
+    """``(name, parameters)`` of the request's tools that say ``"strict": true``
+    (Chat tools on ``function``, Responses tools on the tool)."""
+    strict = [
+        tool
+        for tool in tools or []
+        if getattr(getattr(tool, "function", None) or tool, "strict", None) is True
+    ]
+    return compat.function_tools(strict)
 
 
 def _forces_call(tool_choice: Any) -> bool:
@@ -130,12 +145,23 @@ class Spark25ToolParser(ToolParser):
         # Calls are checked against each request's tools, whatever the base keeps.
         super().__init__(tokenizer, tools)
         self._stream: Scanner | None = None
+        # The request the stream serves: vLLM passes the same one with every delta of
+        # a stream, so another one starts another stream (vLLM's own parser tests
+        # stream several outputs through one parser).
+        self._stream_request: Any = None
+        # Whether the caller passes the text so far as previous_text (vLLM 0.23's
+        # serving, vLLM's own parser tests) or only each delta (vLLM's engine-based
+        # streaming, which ends each stream with finish_streaming); None until the
+        # second delta of a stream says.
+        self._caller_accumulates: bool | None = None
 
     def adjust_request(self, request: Any) -> Any:
         # Before the base: on vLLM 0.23 it moves a forced request's "$defs" out of
         # the tools it turns into a JSON grammar, and they would go unchecked.
         tools = compat.function_tools(request.tools)
         _as_400(schema.check_tools, tools)
+        if request.tool_choice != "none":
+            _as_400(schema.check_strict_properties, _strict_tools(request.tools))
         request = super().adjust_request(request)
         # The call tags and </think> are special tokens: skipping them would hide
         # every call and, with a reasoning parser, where the thinking ends. vLLM
@@ -169,7 +195,7 @@ class Spark25ToolParser(ToolParser):
         return tag
 
     def extract_tool_calls(self, model_output: str, request: Any) -> Any:
-        scanner = Scanner(_callable_tools(request))
+        scanner = Scanner(_callable_tools(request, self.tools))
         scanner.feed(model_output)
         scanner.finish(cut_call_is_content=True)
         _report_dropped(scanner)
@@ -192,45 +218,54 @@ class Spark25ToolParser(ToolParser):
         delta_token_ids: Sequence[int],
         request: Any,
     ) -> Any:
-        if self._stream is None:
-            self._stream = Scanner(_callable_tools(request))
+        if self._stream is None or request is not self._stream_request:
+            self._stream = Scanner(_callable_tools(request, self.tools))
+            self._stream_request = request
+            self._caller_accumulates = None
+        elif self._caller_accumulates is None:
+            self._caller_accumulates = bool(previous_text)
         if delta_text:
             self._stream.feed(delta_text)
-        return self._drain(everything=False)
+        # Only a caller that streams deltas alone ends the stream with finish_streaming:
+        # there content after a call's piece can wait for the next delta.
+        return self._drain(everything=self._caller_accumulates is not False)
 
     def finish_streaming(self) -> Any:
         """Release what the stream still holds: a partial tag, content held back."""
         if self._stream is None:
             return None
-        self._stream.finish(cut_call_is_content=False)
-        _report_dropped(self._stream)
-        return self._drain(everything=True)
+        stream, self._stream = self._stream, None
+        stream.finish(cut_call_is_content=False)
+        _report_dropped(stream)
+        return _delta_message(stream.output, everything=True)
 
     def _drain(self, everything: bool) -> Any:
-        """What the scanner reported since the last delta, as one ``DeltaMessage``.
+        return _delta_message(self._stream.output, everything)
 
-        A message carries its content before its calls (vLLM's Responses stream
-        emits it in that order, closing an open call at content), so content the
-        model wrote after a call's piece waits for the next delta, unless
-        ``everything`` must go now."""
-        output = self._stream.output
-        taken = len(output)
-        if not everything:
-            taken = next(
-                (
-                    position
-                    for position in range(1, len(output))
-                    if isinstance(output[position], str)
-                    and isinstance(output[position - 1], CallPiece)
-                ),
-                taken,
-            )
-        pieces, output[:taken] = output[:taken], []
-        content = "".join(piece for piece in pieces if isinstance(piece, str))
-        tool_calls = _delta_tool_calls([piece for piece in pieces if isinstance(piece, CallPiece)])
-        if not content and not tool_calls:
-            return None
-        return DeltaMessage(content=content or None, tool_calls=tool_calls)
+
+def _delta_message(output: list[Any], everything: bool) -> Any:
+    """What a scanner reported since the last delta, as one ``DeltaMessage``.
+
+    A message carries its content before its calls (vLLM's Responses stream emits
+    it in that order, closing an open call at content), so content the model wrote
+    after a call's piece waits for the next delta, unless ``everything`` must go
+    now."""
+    taken = len(output)
+    if not everything:
+        taken = next(
+            (
+                position
+                for position in range(1, len(output))
+                if isinstance(output[position], str) and isinstance(output[position - 1], CallPiece)
+            ),
+            taken,
+        )
+    pieces, output[:taken] = output[:taken], []
+    content = "".join(piece for piece in pieces if isinstance(piece, str))
+    tool_calls = _delta_tool_calls([piece for piece in pieces if isinstance(piece, CallPiece)])
+    if not content and not tool_calls:
+        return None
+    return DeltaMessage(content=content or None, tool_calls=tool_calls)
 
 
 def _delta_tool_calls(pieces: Sequence[CallPiece]) -> list[Any]:

@@ -172,9 +172,13 @@ def check_tools(tools: Sequence[tuple[str, Any]]) -> None:
 
 
 # A grammar that pins whole schemas compiles far slower per property than one that pins
-# names and keys (xgrammar 0.2.8 on 2 CPUs: 300 properties 0.4 s, 1,000 properties
-# 14 s; benchmarks/bench_grammar.py): a forced call pins its tools' schemas only up to
-# this many properties in all, about what the character bound allows names and keys.
+# names and keys: one strict tool of 300 properties compiled in 0.7 s, of 600 in 3.3 s,
+# of 1,000 in 19 s, of 1,400 in 29 s, all within the character bound (vLLM 0.32 CPU,
+# 2 cores; benchmarks/bench_agent_tools.py, evidence/perf-agent-tools.json). Compiles
+# queue for a few workers, so one such request would hold up the constrained requests
+# after it: a request pins at most this many properties in all. A forced call pins
+# the schemas of tools that do not say "strict" only up to it; tools that say
+# "strict": true beyond it are refused.
 MAX_PINNED_PROPERTIES = 300
 
 
@@ -190,6 +194,23 @@ def declared_properties(tools: Sequence[tuple[str, Any]]) -> int:
         elif isinstance(node, list):
             pending.extend(node)
     return count
+
+
+def check_strict_properties(strict_tools: Sequence[tuple[str, Any]]) -> None:
+    """Refuse, naming the largest, ``"strict": true`` tools whose schemas declare more
+    than ``MAX_PINNED_PROPERTIES`` properties in all: their grammar pins every one."""
+    total = declared_properties(strict_tools)
+    if total <= MAX_PINNED_PROPERTIES:
+        return
+    largest, name = max((declared_properties([tool]), tool[0]) for tool in strict_tools)
+    raise ToolsRefused(
+        f'tools: the "strict": true tools declare {total:,} properties in all, more than '
+        f"the {MAX_PINNED_PROPERTIES:,} one request's call grammar may pin (it would "
+        f"compile for seconds, holding up the requests after it); the largest is "
+        f'function {_shown(name)} ({largest:,} properties). Fix: set "strict": false '
+        "on the largest tools, or send fewer or smaller strict tools.",
+        value=_shown(name),
+    )
 
 
 def check_grammar_size(tools: Sequence[tuple[str, Any]], structural_tag: str) -> None:

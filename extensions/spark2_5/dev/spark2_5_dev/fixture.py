@@ -66,6 +66,9 @@ PARIS_FOLLOW_UP = "It will be sunny in Paris, around 22 C."
 GREETING = "Hello there!"
 GREETING_REASONING = "Greet."
 GREETING_ANSWER = "Hello! How can I help you today?"
+# An agent's turn: thinking, text, a call, and text written after the call.
+FORECAST_REASONING = "The forecast needs a call."
+BEFORE_CALL, AFTER_CALL = "Let me check. ", " Done."
 THINKING_ON = {"enable_thinking": True}
 THINKING_OFF = {"enable_thinking": False}
 
@@ -140,6 +143,14 @@ CONVERSATIONS: tuple[Conversation, ...] = (
         "thinking-with-tools",
         [{"role": "user", "content": GREETING}],
         f"{GREETING_REASONING}</think>{GREETING_ANSWER}",
+        [WEATHER_TOOL],
+        chat_template_kwargs=THINKING_ON,
+    ),
+    Conversation(
+        "thinking-call-with-text",
+        [{"role": "user", "content": PARIS_QUESTION}],
+        f"{FORECAST_REASONING}</think>{BEFORE_CALL}"
+        f"{tool_call_text('get_weather', PARIS_CALL)}{AFTER_CALL}",
         [WEATHER_TOOL],
         chat_template_kwargs=THINKING_ON,
     ),

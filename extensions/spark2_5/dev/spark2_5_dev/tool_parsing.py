@@ -61,12 +61,9 @@ def load_tokenizer(directory: Path) -> Any:
 
 
 def register_spark25() -> None:
-    """Register the parser the way the enabled carrier does (lazily, by import path)."""
-    _registration.register_tool_parser(
-        _registration.TOOL_PARSER_NAME,
-        _registration.TOOL_PARSER_MODULE,
-        _registration.TOOL_PARSER_CLASS,
-    )
+    """Register the parser as the enabled carrier does (lazily, by import path, with
+    its serving-layer hooks), even where a registration stood down before."""
+    _registration._register_tool_parser(_registration.RegistrationReport(override=True))
 
 
 def serving_parser_cls(tokenizer: Any, reasoning_parser: str | None = None) -> Any:
@@ -177,6 +174,21 @@ def stream_tool_parser(parser: Any, deltas: Iterable[str], request: Any) -> Pars
         for delta in deltas:
             yield parser.extract_tool_calls_streaming("", delta, delta, [], [], [], request)
         yield parser.finish_streaming()
+
+    return accumulate(messages())
+
+
+def stream_as_text_so_far(parser: Any, deltas: Iterable[str], request: Any) -> Parsed:
+    """Drive ``extract_tool_calls_streaming`` as vLLM 0.23's server and vLLM's own parser
+    tests do: the text so far as ``previous_text``, and no ``finish_streaming``."""
+
+    def messages() -> Iterable[Any]:
+        previous = ""
+        for delta in deltas:
+            yield parser.extract_tool_calls_streaming(
+                previous, previous + delta, delta, [], [], [], request
+            )
+            previous += delta
 
     return accumulate(messages())
 
