@@ -172,8 +172,8 @@ def check_tools(tools: Sequence[tuple[str, Any]]) -> None:
 
 
 # A grammar that pins whole schemas compiles far slower per property than one that pins
-# names and keys: one strict tool of 300 properties compiled in 0.7 s, of 600 in 3.3 s,
-# of 1,000 in 19 s, of 1,400 in 29 s, all within the character bound (vLLM 0.32 CPU,
+# names and keys: one strict tool of 300 properties compiled in 0.6 s, of 600 in 3.8 s,
+# of 1,000 in 22 s, of 1,400 in 39 s, all within the character bound (vLLM 0.32 CPU,
 # 2 cores; benchmarks/bench_agent_tools.py, evidence/perf-agent-tools.json). Compiles
 # queue for a few workers, so one such request would hold up the constrained requests
 # after it: a request pins at most this many properties in all. A forced call pins
