@@ -10,7 +10,6 @@ part of the JSON that run writes.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from spark2_5_dev.checkpoints import build_spark2_5_checkpoint
 from spark2_5_dev.drivers import assert_matches_reference, run_driver
 from spark2_5_dev.parity import ENGINE_ENV, FP32_LOGPROB_TOLERANCE, NEW_TOKENS
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "rl-weight-updates.md"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "rl_loop.py"
 
 CASES = [case.name for case in weight_updates.CASES]
 RELOAD_STEPS = [
@@ -243,19 +242,14 @@ def test_the_no_amx_path_runs_vllms_onednn_int8_kernel(measured):
 
 
 @pytest.mark.contract
-def test_the_documented_trainer_loop_changes_the_output(tmp_path):
-    """The doc's example as a user runs it: its own engine process (vLLM's default),
-    three pushes, each changing the greedy continuation."""
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.DOTALL)
-    example = next((block for block in blocks if "def main(" in block), None)
-    assert example, DOC
-    script = tmp_path / "rl_loop.py"
-    script.write_text(example)
+def test_the_example_trainer_loop_changes_the_output(tmp_path):
+    """The example the docs point at, run as a user runs it: its own engine process
+    (vLLM's default), three pushes, each changing the greedy continuation."""
     checkpoint = build_spark2_5_checkpoint(tmp_path / "model", seed=8)
     env = {**os.environ, **ENGINE_ENV}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
     done = subprocess.run(
-        [sys.executable, str(script), str(checkpoint)],
+        [sys.executable, str(EXAMPLE), str(checkpoint)],
         env=env,
         capture_output=True,
         text=True,
