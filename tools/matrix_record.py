@@ -119,6 +119,8 @@ def main(argv: list[str]) -> int:
     junit, out, *pairs = argv
     counts, failures = outcomes(Path(junit))
     record = dict(pair.split("=", 1) for pair in pairs)
+    if "source_check_exit" in record:  # an engine-free run's source check
+        record["source_check_exit"] = int(record["source_check_exit"])
     record.update(
         exit_code=int(record.get("exit_code", 1)),
         minutes=int(record.get("minutes", 0)),
