@@ -19,14 +19,4 @@ def pytest_configure(config) -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join([*missing, *inherited])
     if engine_free.active():
         engine_free.start(pytest.skip)
-
-
-def pytest_report_header() -> str | None:
-    return engine_free.HEADER if engine_free.active() else None
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    if engine_free.active():
-        engine_free.as_skip(outcome.get_result())
+        config.pluginmanager.register(engine_free.plugin(), "engine-free")

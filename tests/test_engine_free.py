@@ -19,6 +19,14 @@ TESTS = """
 import subprocess
 import sys
 
+import pytest
+
+BUILD = "import sys; from vllm.config import VllmConfig; VllmConfig(); print('built'); sys.exit(3)"
+
+
+def build_in_a_process():
+    return subprocess.run([sys.executable, "-c", BUILD], capture_output=True, text=True)
+
 
 def test_builds_a_config_here():
     from vllm.config import VllmConfig
@@ -27,9 +35,25 @@ def test_builds_a_config_here():
 
 
 def test_builds_a_config_in_a_process_it_starts():
-    code = "from vllm.config import VllmConfig; VllmConfig(); print('built')"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0 and "built" in done.stdout, done.stderr
+    done = build_in_a_process()
+    assert done.returncode == 3 and "built" in done.stdout, done.stderr
+
+
+def test_wants_a_process_that_builds_a_config_to_fail():
+    assert build_in_a_process().returncode != 0  # true of a stopped process too
+
+
+@pytest.fixture(scope="module")
+def process_with_a_config():
+    assert build_in_a_process().returncode == 3, "no output in this message"
+
+
+def test_one_of_a_module_fixture(process_with_a_config):
+    pass
+
+
+def test_two_of_a_module_fixture(process_with_a_config):
+    pass  # pytest re-raises the fixture's first error
 
 
 def test_builds_none():
@@ -40,8 +64,8 @@ def test_builds_none():
 
 
 def run_pytest(tmp_path: Path, engine_free_run: bool) -> subprocess.CompletedProcess[str]:
-    """The three tests above under the project's root conftest.py, as their own run."""
-    (tmp_path / "test_three.py").write_text(TESTS, encoding="utf-8")
+    """The six tests above under the project's root conftest.py, as their own run."""
+    (tmp_path / "test_six.py").write_text(TESTS, encoding="utf-8")
     shutil.copyfile(ROOT / "conftest.py", tmp_path / "conftest.py")
     env = {k: v for k, v in os.environ.items() if k != engine_free.ENV}
     helpers = [str(ROOT / "tools" / "dev"), str(ROOT / "src")]
@@ -49,7 +73,7 @@ def run_pytest(tmp_path: Path, engine_free_run: bool) -> subprocess.CompletedPro
     if engine_free_run:
         env[engine_free.ENV] = "1"
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider", "test_three.py"],
+        [sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider", "test_six.py"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -61,9 +85,9 @@ def run_pytest(tmp_path: Path, engine_free_run: bool) -> subprocess.CompletedPro
 def test_a_test_that_would_start_an_engine_is_skipped_saying_so(tmp_path):
     done = run_pytest(tmp_path, engine_free_run=True)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "1 passed, 2 skipped" in done.stdout, done.stdout
+    assert "1 passed, 5 skipped" in done.stdout, done.stdout
     skips = [line for line in done.stdout.splitlines() if line.startswith("SKIPPED")]
-    assert len(skips) == 2 and all("test_three.py:" in line for line in skips), done.stdout
+    assert len(skips) == 5 and all("test_six.py:" in line for line in skips), done.stdout
     assert all(line.endswith(engine_free.MARK) for line in skips), done.stdout
     assert engine_free.HEADER in done.stdout
 
@@ -72,5 +96,5 @@ def test_a_test_that_would_start_an_engine_is_skipped_saying_so(tmp_path):
 def test_without_the_variable_the_same_tests_build_their_configs(tmp_path):
     done = run_pytest(tmp_path, engine_free_run=False)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "3 passed" in done.stdout, done.stdout
+    assert "6 passed" in done.stdout, done.stdout
     assert engine_free.MARK not in done.stdout
