@@ -32,15 +32,23 @@ def _jobs() -> dict:
     return read_workflow("watch.yml")["jobs"]
 
 
+def _untracked(cwd: Path) -> str:
+    command = ["git", "status", "--porcelain", "--untracked-files=all"]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True).stdout
+
+
 def _run(step: dict, context: dict[str, str], cwd: Path, tmp_path: Path, **env: str):
     """``step``'s shell with its env resolved from ``context``: (status, stdout, the
     outputs it wrote, the summary it wrote)."""
     outputs, summary = tmp_path / "github-output", tmp_path / "step-summary"
+    runner_temp = tmp_path / "runner-temp"  # the steps' own files, never the checkout's
+    runner_temp.mkdir(exist_ok=True)
     resolved = {
         name: EXPRESSION.sub(lambda match: context[match.group(1)], value)
         for name, value in step.get("env", {}).items()
     }
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    before = _untracked(cwd)
     done = subprocess.run(
         ["bash", "-e", "-c", step["run"]],
         cwd=cwd,
@@ -51,11 +59,13 @@ def _run(step: dict, context: dict[str, str], cwd: Path, tmp_path: Path, **env: 
             "PATH": env.get("PATH", path),
             "GITHUB_OUTPUT": str(outputs),
             "GITHUB_STEP_SUMMARY": str(summary),
+            "RUNNER_TEMP": str(runner_temp),
         },
         capture_output=True,
         text=True,
         timeout=600,
     )
+    assert _untracked(cwd) == before, "a step wrote into the checkout"
     read = [p.read_text(encoding="utf-8") if p.exists() else "" for p in (outputs, summary)]
     return done.returncode, done.stdout + done.stderr, *read
 
