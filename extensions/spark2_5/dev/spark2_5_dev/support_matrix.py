@@ -89,13 +89,13 @@ def what_ran(record: dict[str, Any], with_machine: bool = True) -> str:
 
 
 def table(version_range: str) -> str:
-    """The rows; a machine every run shares is named once, under them."""
+    """The rows; a machine every whole-suite run shares is named once, under them."""
     found = records()
-    machines = {machine(r) for r in found if "summary" not in r}
+    machines = {machine(r) for r in found if r["suite"] == "whole"}
     shared = len(machines) == 1
     rows = [
         f"| `{r['release']}` | {status(r, version_range)} | {r['date']} | "
-        f"{what_ran(r, with_machine=not shared)} |"
+        f"{what_ran(r, with_machine=not shared or r['suite'] != 'whole')} |"
         for r in found
     ]
     note = [f"\nEvery whole-suite run above: {machines.pop()}."] if shared else []
