@@ -13,7 +13,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -393,22 +392,3 @@ def decorator_names(node: ast.AST) -> set[str]:
         target = decorator.func if isinstance(decorator, ast.Call) else decorator
         names.add(ast.unparse(target).rsplit(".", 1)[-1])
     return names
-
-
-def unpack_wheel(wheel: Path, into: Path) -> Path:
-    """The Python files of ``wheel`` under ``into/<wheel name>/`` (once); that folder."""
-    folder = into / wheel.name.removesuffix(".whl")
-    done = folder / ".unpacked"
-    if not done.exists():
-        with zipfile.ZipFile(wheel) as archive:
-            for name in archive.namelist():
-                if name.endswith(".py") and ".dist-info/" not in name:
-                    archive.extract(name, folder)
-        done.touch()
-    return folder
-
-
-def tree_root(path: Path) -> Path:
-    """The folder holding the packages: ``path`` itself, or its parent when ``path`` is
-    a package (``site-packages/vllm``)."""
-    return path.parent if (path / "__init__.py").is_file() else path

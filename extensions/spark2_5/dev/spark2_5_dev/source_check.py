@@ -21,15 +21,10 @@ import dataclasses
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
-from carrier_harness.source_tree import (
-    Found,
-    SourceTree,
-    signature,
-    tree_root,
-    unpack_wheel,
-)
+from carrier_harness.source_tree import Found, SourceTree, signature
 from spark2_5_dev.touchpoints import CARRIER, SRC, Touchpoint, call_problem, not_taken, touchpoints
 
 OK, BROKEN, MISSING = "ok", "BROKEN", "missing"
@@ -134,6 +129,25 @@ def download(version: str, cache: Path) -> Path:
     if not wheels:
         raise SystemExit(f"source_check: pip downloaded no vllm-{version} wheel into {cache}")
     return wheels[-1]
+
+
+def unpack_wheel(wheel: Path, into: Path) -> Path:
+    """The Python files of ``wheel`` under ``into/<wheel name>/`` (once); that folder."""
+    folder = into / wheel.name.removesuffix(".whl")
+    done = folder / ".unpacked"
+    if not done.exists():
+        with zipfile.ZipFile(wheel) as archive:
+            for name in archive.namelist():
+                if name.endswith(".py") and ".dist-info/" not in name:
+                    archive.extract(name, folder)
+        done.touch()
+    return folder
+
+
+def tree_root(path: Path) -> Path:
+    """The folder holding the packages: ``path`` itself, or its parent when ``path`` is
+    a package (``site-packages/vllm``)."""
+    return path.parent if (path / "__init__.py").is_file() else path
 
 
 def source(release: str, cache: Path) -> Path:
