@@ -189,3 +189,33 @@ def test_the_finite_kv_guard_is_on_exactly_where_the_attention_reads_stale_slots
 
     assert current_platform.is_cpu()
     assert cpu_platform.attention_reads_stale_kv_slots() is True
+
+
+# --- the weight-update mode (VLLM_RELOAD_MODE, 0.34) ----------------------------------
+
+
+@pytest.mark.parametrize("mode", ["layerwise", "direct"])
+def test_the_mode_is_the_one_vllms_own_reload_runs(mode, monkeypatch):
+    """The carrier refuses exactly when vLLM's reload lifecycle would reload directly
+    (read in vLLM's own ``direct_reload_enabled``, no engine needed, so engine-free runs
+    check it on a release whose engine cannot start here); before 0.34 the variable is
+    ignored, as vLLM ignores it."""
+    monkeypatch.setenv("VLLM_RELOAD_MODE", mode)
+    try:
+        from vllm.model_executor.model_loader.reload.direct import direct_reload_enabled
+    except ImportError:  # 0.23 to 0.33: layerwise only
+        assert compat.weight_update_mode() == "layerwise"
+        return
+    assert compat.weight_update_mode() == ("direct" if direct_reload_enabled() else "layerwise")
+    assert compat.weight_update_mode() == mode
+
+
+@pytest.mark.parametrize("mode", ["layerwise", "direct"])
+def test_only_the_direct_mode_is_refused(mode):
+    from vllm_spark2_5_plugin.spark2_5_engine_checks import refuse_direct_weight_updates
+
+    if mode == "layerwise":
+        refuse_direct_weight_updates(mode)
+        return
+    with pytest.raises(ValueError, match="use_load_plan needs it"):
+        refuse_direct_weight_updates(mode)

@@ -324,14 +324,4 @@ def test_direct_reload_is_refused_at_start_naming_the_fix(checkpoint, monkeypatc
     with pytest.raises(ValueError, match="VLLM_RELOAD_MODE=direct is not supported") as error:
         build_model(checkpoint)
     assert "Unset VLLM_RELOAD_MODE or set it to layerwise" in str(error.value)
-
-
-@pytest.mark.parametrize("mode", ["layerwise", "direct"])
-def test_only_the_direct_mode_is_refused(mode):
-    from vllm_spark2_5_plugin.spark2_5_engine_checks import refuse_direct_weight_updates
-
-    if mode == "layerwise":
-        refuse_direct_weight_updates(mode)
-        return
-    with pytest.raises(ValueError, match="use_load_plan needs it"):
-        refuse_direct_weight_updates(mode)
+    # The mode read as vLLM's reload reads it, engine-free: test_compat_model.py.
