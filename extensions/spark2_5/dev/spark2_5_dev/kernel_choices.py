@@ -26,7 +26,7 @@ from spark2_5_dev.weight_updates import kernel_libraries, offline_engine, quanti
 
 @dataclass(frozen=True)
 class Choices:
-    """What vLLM chooses for the fixture's shape on one CPU class (vLLM 0.32 and 0.33)."""
+    """What vLLM chooses for the fixture's shape on one CPU class (every vLLM of the range)."""
 
     projections: tuple[str, ...]
     attention: tuple[str, ...]
@@ -77,6 +77,18 @@ def _float_choices(model: Any) -> dict[str, list[str]]:
     return {"projections": sorted(projections), "attention": sorted(attention)}
 
 
+def _builders_isa(worker: Any) -> list[str]:
+    groups = getattr(worker.model_runner, "attn_groups", [])
+    builders = [b for group in groups for g in group for b in g.metadata_builders]
+    return sorted({b.isa for b in builders if hasattr(b, "isa")})
+
+
+def _attention_isa(llm: Any, on_layers: list[str]) -> list[str]:
+    """The ISA CPU attention runs with: newer vLLM marks it on each layer, vLLM
+    0.23 keeps it only in its metadata builders, read there in the worker."""
+    return on_layers or llm.collective_rpc(_builders_isa)[0]
+
+
 def _answers(llm: Any) -> bool:
     from vllm import SamplingParams
 
@@ -100,6 +112,8 @@ def run(workdir: Path) -> dict[str, Any]:
         "torch_capability": torch.backends.cpu.get_cpu_capability(),
         "bfloat16": {**llm.apply_model(_float_choices)[0], "answers": _answers(llm)},
     }
+    on_layers = result["bfloat16"]["attention"]
+    result["bfloat16"]["attention"] = _attention_isa(llm, on_layers)
     del llm
     gc.collect()
     for fmt in FORMATS:
