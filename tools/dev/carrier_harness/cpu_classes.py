@@ -176,7 +176,7 @@ def emulate(name: str) -> CpuClass | None:
     user_cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     for variable, value in compiled_code_caches(target, user_cache).items():
         os.environ.setdefault(variable, value)  # a test's own cache stays its own
-    from vllm_hust_bundle_kit.deferred import after_import
+    from carrier_harness.import_hook import after_import
 
     after_import(("torch.cpu",), lambda module: _narrow_probes(module, target, machine))
     return target

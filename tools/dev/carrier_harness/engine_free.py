@@ -42,7 +42,7 @@ def active() -> bool:
 def refuse_engines(stop: Callable[[str], Any]) -> None:
     """Make building a ``VllmConfig`` in this process call ``stop(MARK)`` instead (the
     last ``stop`` given: pytest's process replaces the one its sitecustomize set)."""
-    from vllm_hust_bundle_kit import deferred
+    from carrier_harness.import_hook import after_import
 
     first = not _stop
     _stop[:] = [stop]
@@ -54,7 +54,7 @@ def refuse_engines(stop: Callable[[str], Any]) -> None:
         config.VllmConfig.__post_init__ = refuse
 
     if first:
-        deferred.after_import(("vllm.config",), patch)
+        after_import(("vllm.config",), patch)
 
 
 def exit_process(message: str) -> None:
