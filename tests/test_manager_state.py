@@ -554,7 +554,7 @@ def test_the_installed_managers_refusal_of_its_state_file_stands(bundle, monkeyp
     enable_in(state_file, bundle.extension_id)  # a file the re-implementation accepts
 
     def load_config(path):
-        assert path == state_file
+        assert path.read_text() == state_file.read_text()
         raise ValueError("vllm-hust-ext config has an unsupported schema")
 
     installed_manager(monkeypatch, load_config)
@@ -577,6 +577,24 @@ def test_what_the_installed_manager_enables_stands(bundle, monkeypatch, state_fi
     state = manager_state.read_state(state_file, [bundle])
     assert (state.enabled, state.problem) == ((bundle.extension_id,), None)
     assert state.configuration(bundle.extension_id) == configuration
+
+
+def test_both_readings_are_of_one_read_of_the_state_file(bundle, monkeypatch, state_file):
+    """The manager is handed what the toolkit read: a file rewritten in between (an
+    `enable` or `disable` running meanwhile) cannot make the two readings disagree."""
+    enable_in(state_file, bundle.extension_id)
+
+    def load_config(path):
+        write(state_file, {"schema_version": 2, "extensions": {}})  # rewritten meanwhile
+        entries = json.loads(path.read_text())["extensions"]
+        return types.SimpleNamespace(
+            enabled=tuple(i for i, entry in entries.items() if entry.get("enabled")),
+            extensions={i: types.SimpleNamespace(configuration={}) for i in entries},
+        )
+
+    installed_manager(monkeypatch, load_config)
+    state = manager_state.read_state(state_file, [bundle])
+    assert (state.enabled, state.problem) == ((bundle.extension_id,), None)
 
 
 # --- any state file: an answer, never a traceback ------------------------------------------------

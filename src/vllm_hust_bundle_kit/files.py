@@ -49,7 +49,11 @@ def read_text(path: Path, what: str) -> str:
 
 
 def read_json(path: Path, what: str) -> Any:
-    text = read_text(path, what)
+    return parse_json(path, read_text(path, what), what)
+
+
+def parse_json(path: Path, text: str, what: str) -> Any:
+    """``text``, read from ``path``, as JSON; refused naming ``path`` as :func:`read_json`."""
     try:
         document = json.loads(text)
     except RecursionError:

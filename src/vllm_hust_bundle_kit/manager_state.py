@@ -13,6 +13,7 @@ bundle that is not installed, an enabled entry's configuration). Where
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -26,7 +27,7 @@ from vllm_hust_bundle_kit.contract import (
     STATE_FILENAME,
 )
 from vllm_hust_bundle_kit.errors import BundleError, Problem, error
-from vllm_hust_bundle_kit.files import read_json
+from vllm_hust_bundle_kit.files import parse_json, read_text
 from vllm_hust_bundle_kit.installed import Bundle, validate
 from vllm_hust_bundle_kit.manager_refusals import configuration_refusal, manifest_or_host_refusal
 from vllm_hust_bundle_kit.schemas import STATE_VALIDATOR, first_problem
@@ -96,12 +97,14 @@ def _toolkit_reading(path: Path, document: Any) -> _Reading | str:
     )
 
 
-def _installed_manager_reading(path: Path) -> _Reading | str | None:
-    """What the installed manager itself reads in ``path``, where ``vllm_hust_ext`` is
-    importable: its ``vllm_hust_ext.config.load_config`` (public, and the same call in
-    every public version: ``load_config(path) -> UserConfig`` whose ``enabled`` lists the
-    ids; the versions that know configurations also have ``extensions``), or its refusal
-    as text. None where the manager is not installed (the toolkit's reading answers).
+def _installed_manager_reading(text: str) -> _Reading | str | None:
+    """What the installed manager itself reads in ``text`` (the state file as the toolkit
+    read it), where ``vllm_hust_ext`` is importable: its ``vllm_hust_ext.config.load_config``
+    (public, and the same call in every public version: ``load_config(path) -> UserConfig``
+    whose ``enabled`` lists the ids; the versions that know configurations also have
+    ``extensions``), given a private copy of ``text`` so that both readings are of one
+    read of the file, or its refusal as text. None where the manager is not installed
+    (the toolkit's reading answers).
 
     Only the state file is asked this way. The launch itself (merging the bundles'
     variables, ``VLLM_PLUGINS``, the runtime-evidence check) is done by private
@@ -115,7 +118,10 @@ def _installed_manager_reading(path: Path) -> _Reading | str | None:
     except Exception:  # not installed, or not importable: not asked
         return None
     try:
-        config = load_config(path)
+        with tempfile.TemporaryDirectory(prefix="state-snapshot-") as folder:
+            snapshot = Path(folder) / STATE_FILENAME
+            snapshot.write_text(text, encoding="utf-8")
+            config = load_config(snapshot)
         enabled = tuple(config.enabled)
         extensions = getattr(config, "extensions", {})
         configurations = {
@@ -127,13 +133,13 @@ def _installed_manager_reading(path: Path) -> _Reading | str | None:
     return _Reading(enabled, configurations, legacy=not extensions and bool(enabled))
 
 
-def _deciding_reading(path: Path, document: Any) -> _Reading | str:
-    """The reading of ``document`` (the file at ``path``) that decides: the installed
+def _deciding_reading(path: Path, text: str, document: Any) -> _Reading | str:
+    """The reading of ``document`` (``text``, the file at ``path``) that decides: the installed
     manager's where it is importable, else the toolkit's. Where both refuse the file,
     the toolkit's words stand: they name the field; where both accept it, the toolkit
     says whether it is the legacy list, which the manager's reading no longer shows."""
     ours = _toolkit_reading(path, document)
-    theirs = _installed_manager_reading(path)
+    theirs = _installed_manager_reading(text)
     if theirs is None:
         return ours
     if isinstance(theirs, str):
@@ -159,10 +165,11 @@ def read_state(path: Path, installed_bundles: Sequence[Bundle]) -> ManagerState:
     if not present:
         return ManagerState(path, (), None)
     try:
-        document = read_json(path, WHAT)
+        text = read_text(path, WHAT)
+        document = parse_json(path, text, WHAT)
     except BundleError as exc:  # unreadable, or not JSON: the manager refuses it too
         return ManagerState(path, (), str(exc))
-    reading = _deciding_reading(path, document)
+    reading = _deciding_reading(path, text, document)
     if isinstance(reading, str):
         return ManagerState(path, (), reading)
     state = ManagerState(path, reading.enabled, None, reading.configurations)
