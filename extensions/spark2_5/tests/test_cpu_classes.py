@@ -81,9 +81,11 @@ def test_a_process_runs_as_a_lower_class_and_says_so(lower):
 
 
 @pytest.mark.skipif(not cpu_classes.classes_below(IN_FORCE), reason="no class below this CPU's")
-def test_a_python_without_the_project_runs_as_the_class_too(tmp_path):
-    """The interpreters set-up starts before the project is installed narrow torch's
-    probes all the same (the hook comes from the checkout), with no import error."""
+@pytest.mark.parametrize("python", ["the project's", "one without the project"])
+def test_a_python_runs_as_the_class_importing_nothing_of_the_project(python, tmp_path):
+    """Set-up's interpreters, started before the project is installed, narrow torch's
+    probes too, without an import error; and no process imports a project module for
+    the emulation (the default-off test counts them)."""
     lower = cpu_classes.classes_below(IN_FORCE)[0]
     stand_in = tmp_path / "torch"
     stand_in.mkdir()
@@ -91,11 +93,14 @@ def test_a_python_without_the_project_runs_as_the_class_too(tmp_path):
     (stand_in / "cpu.py").write_text("def _is_avx512_supported():\n    return True\n")
     env = {**os.environ, **cpu_classes.subprocess_env(lower.name)}
     env["PYTHONPATH"] += os.pathsep + str(tmp_path)
-    base_python = getattr(sys, "_base_executable", sys.executable)
-    code = "import torch.cpu; print(torch.cpu._is_avx512_supported())"
-    done = subprocess.run([base_python, "-c", code], env=env, capture_output=True, text=True)
+    executable = sys.executable if python == "the project's" else sys._base_executable
+    code = (
+        "import sys, torch.cpu; print(torch.cpu._is_avx512_supported(), "
+        "[m for m in sys.modules if m.startswith('vllm')])"
+    )
+    done = subprocess.run([executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0 and "Error" not in done.stderr, done.stderr
-    assert done.stdout.strip() == str("_is_avx512_supported" in lower.probes)
+    assert done.stdout.split(" ", 1) == [str("_is_avx512_supported" in lower.probes), "[]\n"]
 
 
 def test_a_class_above_the_machines_ends_the_process_naming_it():

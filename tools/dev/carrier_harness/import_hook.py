@@ -1,26 +1,28 @@
-"""The toolkit's deferred-import hook for the harness's per-process hooks, in any
-Python the harness's ``sitecustomize`` starts in: also where the project is not
-installed yet (the interpreters and pip that ``scripts/setup-env`` runs in a fresh
-checkout), which then load the hook from this checkout's ``src/``."""
+"""The toolkit's deferred-import hook for the harness's per-process hooks, loaded
+from this checkout's ``src/`` under a private name: a process the harness runs (as a
+CPU class, engine-free) imports no module of the project it would not import on its
+own (tests count them), and it works where the project is not installed yet (the
+interpreters and pip that ``scripts/setup-env`` runs in a fresh checkout)."""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 
-_CHECKOUT_COPY = Path(__file__).resolve().parents[3] / "src/vllm_hust_bundle_kit/deferred.py"
+_NAME = "_carrier_harness_deferred"
+_SOURCE = Path(__file__).resolve().parents[3] / "src/vllm_hust_bundle_kit/deferred.py"
 
 
 def _deferred() -> ModuleType:
-    try:
-        from vllm_hust_bundle_kit import deferred
-    except ImportError:
-        spec = importlib.util.spec_from_file_location("_harness_deferred", _CHECKOUT_COPY)
-        deferred = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(deferred)
-    return deferred
+    if _NAME not in sys.modules:
+        spec = importlib.util.spec_from_file_location(_NAME, _SOURCE)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[_NAME] = module
+    return sys.modules[_NAME]
 
 
 def after_import(names: Sequence[str], callback: Callable[[ModuleType], None]) -> bool:
