@@ -108,3 +108,22 @@ def test_an_engine_free_record_counts_the_tests_skipped_where_an_engine_would_st
     record = json.loads(out.read_text())
     assert record["counts"] == {"passed": 1, "failed": 0, "errors": 0, "skipped": 3}
     assert (record["engine_skips"], record["source_check_exit"]) == (2, 0)
+
+
+def test_a_new_record_keeps_the_note_written_on_the_one_it_replaces(tmp_path):
+    junit = tmp_path / "run.xml"
+    junit.write_text(
+        '<testsuites><testsuite><testcase classname="t" name="a"/></testsuite></testsuites>'
+    )
+    previous, out = tmp_path / "vllm-0.9.0.json", tmp_path / "record.json"
+    previous.write_text(json.dumps({"counts": {"passed": 9}, "note": "Not served: no kernels"}))
+    pairs = ["release=0.9.0", "exit_code=0", "commit=c", "code=x", "cpu_class=avx2"]
+    assert matrix_record.main([str(junit), str(out), *pairs, f"previous={previous}"]) == 0
+    record = json.loads(out.read_text())
+    assert (record["note"], record["counts"]["passed"], "previous" in record) == (
+        "Not served: no kernels",
+        1,
+        False,
+    )
+    assert matrix_record.main([str(junit), str(out), *pairs, f"previous={tmp_path / 'no'}"]) == 0
+    assert "note" not in json.loads(out.read_text())
