@@ -25,6 +25,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -599,6 +600,16 @@ def test_both_readings_are_of_one_read_of_the_state_file(bundle, monkeypatch, st
         )
 
     installed_manager(monkeypatch, load_config)
+    state = manager_state.read_state(state_file, [bundle])
+    assert (state.enabled, state.problem) == ((bundle.extension_id,), None)
+
+
+def test_without_room_for_the_managers_copy_the_toolkits_reading_answers(
+    bundle, monkeypatch, state_file, tmp_path
+):
+    enable_in(state_file, bundle.extension_id)
+    installed_manager(monkeypatch, lambda path: pytest.fail("asked without a copy"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-folder"))
     state = manager_state.read_state(state_file, [bundle])
     assert (state.enabled, state.problem) == ((bundle.extension_id,), None)
 

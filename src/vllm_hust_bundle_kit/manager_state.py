@@ -12,9 +12,11 @@ bundle that is not installed, an enabled entry's configuration). Where
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -97,6 +99,25 @@ def _toolkit_reading(path: Path, document: Any) -> _Reading | str:
     )
 
 
+@contextlib.contextmanager
+def _copy_of(text: str) -> Iterator[Path | None]:
+    """A private file holding ``text`` while in use, or None where none can be written."""
+    try:
+        folder = tempfile.mkdtemp(prefix="state-snapshot-")
+    except OSError:
+        yield None
+        return
+    try:
+        snapshot = Path(folder) / STATE_FILENAME
+        try:
+            snapshot.write_text(text, encoding="utf-8")
+        except OSError:
+            snapshot = None
+        yield snapshot
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _installed_manager_reading(text: str) -> _Reading | str | None:
     """What the installed manager itself reads in ``text`` (the state file as the toolkit
     read it), where ``vllm_hust_ext`` is importable: its ``vllm_hust_ext.config.load_config``
@@ -117,19 +138,19 @@ def _installed_manager_reading(text: str) -> _Reading | str | None:
         from vllm_hust_ext.config import load_config
     except Exception:  # not installed, or not importable: not asked
         return None
-    try:
-        with tempfile.TemporaryDirectory(prefix="state-snapshot-") as folder:
-            snapshot = Path(folder) / STATE_FILENAME
-            snapshot.write_text(text, encoding="utf-8")
+    with _copy_of(text) as snapshot:
+        if snapshot is None:  # no room for the copy: the toolkit's reading answers
+            return None
+        try:
             config = load_config(snapshot)
-        enabled = tuple(config.enabled)
-        extensions = getattr(config, "extensions", {})
-        configurations = {
-            extension_id: dict(getattr(entry, "configuration", {}))
-            for extension_id, entry in extensions.items()
-        }
-    except Exception as exc:  # whatever it raises is its refusal (`run` exits then)
-        return f"{type(exc).__name__}: {exc}"
+            enabled = tuple(config.enabled)
+            extensions = getattr(config, "extensions", {})
+            configurations = {
+                extension_id: dict(getattr(entry, "configuration", {}))
+                for extension_id, entry in extensions.items()
+            }
+        except Exception as exc:  # whatever it raises is its refusal (`run` exits then)
+            return f"{type(exc).__name__}: {exc}"
     return _Reading(enabled, configurations, legacy=not extensions and bool(enabled))
 
 
